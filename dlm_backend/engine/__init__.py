@@ -1,0 +1,1 @@
+"""The diffusion decoding engine: scheduler, runner, models, samplers and caches."""

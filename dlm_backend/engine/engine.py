@@ -1,0 +1,205 @@
+"""The engine: admits requests, schedules denoising passes, turns committed tokens into output.
+
+It never touches tensors; the :class:`ModelRunner` does. ``step()`` advances every scheduled
+request by one pass and reports what each one newly committed.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from dlm_backend.engine.loader import default_dtype, load_model, read_config, resolve_checkpoint
+from dlm_backend.engine.outputs import GenerationOutput, StreamChunk
+from dlm_backend.engine.params import SamplingParams
+from dlm_backend.engine.runner import ModelRunner
+from dlm_backend.engine.samplers.base import Sampler, TokenInfo
+from dlm_backend.engine.scheduler import Scheduler
+from dlm_backend.engine.sequence import Sequence
+from dlm_backend.engine.tokenizer import Tokenizer
+from dlm_backend.errors import ContextLengthError, DLMError, SamplingParamsError, TokenizerError
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@dataclass
+class EngineConfig:
+    """How to build an engine. ``device``/``dtype`` default to CUDA+bf16 when present, else CPU+fp32."""
+
+    model: str
+    device: str | None = None
+    dtype: str = "auto"
+    revision: str | None = None
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 32768
+    max_model_len: int | None = None
+
+    def __post_init__(self):
+        if self.dtype != "auto" and self.dtype not in DTYPES:
+            raise DLMError(f"dtype {self.dtype!r} is not supported; use 'auto' or one of {', '.join(DTYPES)}.")
+        if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
+            raise DLMError("max_num_seqs and max_num_batched_tokens must be >= 1.")
+
+
+class LLMEngine:
+    """Synchronous engine: ``add_request`` then ``step`` until ``has_unfinished`` is False."""
+
+    def __init__(self, config: EngineConfig):
+        from dlm_backend.plugins import registered_samplers
+
+        self.config = config
+        self.device = torch.device(config.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.dtype = default_dtype(self.device) if config.dtype == "auto" else DTYPES[config.dtype]
+        self.folder = resolve_checkpoint(config.model, config.revision)
+        self.hf_config = read_config(self.folder)
+        model = load_model(self.folder, self.hf_config, self.device, self.dtype)
+        self.model_args = model.args
+        self.architecture = type(model).__name__
+        try:
+            self.tokenizer: Tokenizer | None = Tokenizer(self.folder)
+        except TokenizerError:
+            self.tokenizer = None
+        self.tokens = self._token_info()
+        self.max_model_len = min(config.max_model_len or model.args.max_positions, model.args.max_positions)
+        self.runner = ModelRunner(model, self.device, self.dtype, self.tokens)
+        self.scheduler = Scheduler(config.max_num_seqs, config.max_num_batched_tokens, model.logits_shift)
+        self.samplers: dict[str, Sampler] = {name: cls() for name, cls in registered_samplers().items()}
+        self._texts: dict[int, str] = {}     # seq_id -> text already emitted
+
+    def _token_info(self) -> TokenInfo:
+        a, gen = self.model_args, self.hf_config.get("_generation_config", {})
+        eos = set(a.eos_token_ids)
+        gen_eos = gen.get("eos_token_id")
+        eos.update(gen_eos if isinstance(gen_eos, list) else [gen_eos] if gen_eos is not None else [])
+        eot: list[int] = []
+        if self.tokenizer is not None:
+            tok_eos = self.tokenizer.token_id(self.tokenizer.special_tokens.get("eos_token"))
+            if tok_eos is not None:
+                eos.add(tok_eos)
+            eot = [i for i in self.tokenizer.end_of_turn_ids() if i not in eos]
+        return TokenInfo(mask_id=a.mask_token_id, eos_ids=tuple(sorted(eos)), eot_ids=tuple(eot))
+
+    # -- requests ---------------------------------------------------------------------------
+
+    def sampler(self, name: str) -> Sampler:
+        if name not in self.samplers:
+            raise SamplingParamsError(f"Unknown sampler {name!r}. Registered samplers: "
+                                      f"{', '.join(sorted(self.samplers))}.")
+        return self.samplers[name]
+
+    def add_request(self, prompt_token_ids: list[int], params: SamplingParams,
+                    request_id: str | None = None) -> Sequence:
+        """Validate and queue one request; raises a DLMError (and queues nothing) on bad input."""
+        if not prompt_token_ids:
+            raise DLMError("The prompt is empty. Pass at least one token (a diffusion model needs "
+                           "context to condition on).")
+        vocab = self.model_args.vocab_size
+        if any(not isinstance(t, int) or t < 0 or t >= vocab for t in prompt_token_ids):
+            raise DLMError(f"Prompt token ids must be integers in [0, {vocab}) for this model.")
+        total = len(prompt_token_ids) + params.max_tokens
+        if total > self.max_model_len:
+            raise ContextLengthError(
+                f"Prompt ({len(prompt_token_ids)} tokens) plus max_tokens ({params.max_tokens}) is {total} "
+                f"tokens, over the model's context of {self.max_model_len}. Shorten the prompt or lower "
+                "max_tokens.")
+        if params.stop and self.tokenizer is None:
+            raise TokenizerError("Stop strings need the checkpoint's tokenizer.json to decode text. "
+                                 "Remove 'stop' or add the tokenizer.")
+        sampler = self.sampler(params.sampler)
+        sampler.validate(params)
+        seq = Sequence(prompt_token_ids, params, sampler, self.tokens, request_id)
+        self.scheduler.add(seq)
+        return seq
+
+    def abort(self, request_id: str) -> bool:
+        """Cancel a request; its slot is freed at the next step."""
+        seq = self.scheduler.find(request_id)
+        if seq is None:
+            return False
+        seq.finish("abort")
+        return True
+
+    @property
+    def has_unfinished(self) -> bool:
+        return self.scheduler.num_unfinished > 0
+
+    # -- stepping ---------------------------------------------------------------------------
+
+    def step(self) -> list[StreamChunk]:
+        """One denoising pass for the scheduled requests; chunks for those that committed output."""
+        chunks = [self._chunk(s) for s in self.scheduler.remove_finished()]   # aborted while waiting
+        batch = self.scheduler.schedule()
+        if batch:
+            self._run_isolated(batch)
+        for seq in batch:
+            chunk = self._chunk(seq)
+            if chunk.delta_token_ids or chunk.delta_text or chunk.finished:
+                chunks.append(chunk)
+        for seq in self.scheduler.remove_finished():
+            self.runner.free(seq)
+            self._texts.pop(seq.seq_id, None)
+        return chunks
+
+    def _run_isolated(self, batch: list[Sequence]) -> None:
+        """Run one pass; if it fails, retry the requests one by one so only the culprit fails."""
+        passes = {s.seq_id: s.num_forward_passes for s in batch}
+        try:
+            self.runner.step(batch)
+            return
+        except Exception as exc:  # noqa: BLE001 - any failure must stay inside its request
+            if len(batch) == 1:
+                batch[0].fail(exc)
+                return
+        for seq in batch:
+            if seq.num_forward_passes == passes[seq.seq_id] and not seq.is_finished:
+                try:
+                    self.runner.step([seq])
+                except Exception as exc:  # noqa: BLE001
+                    seq.fail(exc)
+
+    def _chunk(self, seq: Sequence) -> StreamChunk:
+        """What ``seq`` newly committed since the last chunk; applies stop strings."""
+        now = time.monotonic()
+        tokens = seq.committed_token_ids
+        if tokens and seq.first_token_time is None:
+            seq.first_token_time = now
+        delta_ids = tokens[seq.num_emitted:]
+        seq.num_emitted = len(tokens)
+        delta_text = ""
+        if self.tokenizer is not None:
+            text = self.tokenizer.decode(tokens)
+            emitted = self._texts.get(seq.seq_id, "")
+            for stop in seq.params.stop:
+                at = text.find(stop, max(0, len(emitted) - len(stop)))
+                if at != -1:
+                    text = text[:at]
+                    seq.finish("stop", stop_reason=stop)
+            visible = text if seq.is_finished else _hold_back(text, seq.params.stop)
+            delta_text = visible[len(emitted):]
+            self._texts[seq.seq_id] = emitted + delta_text
+        output = None
+        if seq.is_finished:
+            output = GenerationOutput(
+                request_id=seq.request_id, prompt_token_ids=seq.prompt_token_ids, token_ids=tokens,
+                text=self._texts.get(seq.seq_id) if self.tokenizer else None,
+                finish_reason=seq.finish_reason, stop_reason=seq.stop_reason,
+                num_forward_passes=seq.num_forward_passes,
+                metrics={"latency_s": now - seq.arrival_time,
+                         "ttft_s": (seq.first_token_time or now) - seq.arrival_time})
+        return StreamChunk(seq.request_id, delta_ids, delta_text, seq.is_finished, seq.finish_reason,
+                           output, error=seq.error)
+
+
+def _hold_back(text: str, stops: list[str]) -> str:
+    """Text safe to stream: drop an unfinished UTF-8 character and any tail that may start a stop string."""
+    if text.endswith("\ufffd"):
+        text = text.rstrip("\ufffd")
+    cut = 0
+    for stop in stops:
+        for n in range(min(len(stop) - 1, len(text)), 0, -1):
+            if text.endswith(stop[:n]):
+                cut = max(cut, n)
+                break
+    return text[:len(text) - cut] if cut else text

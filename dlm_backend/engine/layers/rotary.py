@@ -1,0 +1,45 @@
+"""Rotary position embeddings ("rotate half", non-interleaved), LLaDA and Dream conventions.
+
+The cos/sin table is computed once for the whole context, the way LLaDA's reference does, and
+indexed by position: computing it per call over a different length can change the last bit of
+``cos`` on vectorised CPU paths, and greedy parity needs the same bits.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class RotaryTable:
+    """cos/sin for positions ``0..max_positions-1``, float32, shape ``[P, head_dim]``."""
+
+    def __init__(self, head_dim: int, theta: float, max_positions: int, device: torch.device | str):
+        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float, device=device) / head_dim))
+        pos = torch.arange(max_positions, dtype=torch.float, device=device)
+        freqs = torch.outer(pos, inv_freq)                      # [P, D/2]
+        angles = torch.cat((freqs, freqs), dim=-1)              # [P, D]
+        self.cos = angles.cos()
+        self.sin = angles.sin()
+        self.max_positions = max_positions
+
+    def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin for ``positions`` ([T]) as ``[T, 1, D]`` so they broadcast over heads."""
+        return self.cos[positions][:, None, :], self.sin[positions][:, None, :]
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, full_precision: bool) -> torch.Tensor:
+    """Rotate ``x`` ([T, H, D]).
+
+    ``full_precision=True`` is LLaDA's ``rope_full_precision``: rotate in fp32 and cast back.
+    ``False`` is Dream/Qwen2: cos/sin are cast to ``x``'s dtype and the rotation runs in it.
+    """
+    if full_precision:
+        xf = x.float()
+        return ((xf * cos) + (_rotate_half(xf) * sin)).to(x.dtype)
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    return (x * cos) + (_rotate_half(x) * sin)

@@ -1,0 +1,189 @@
+"""The user-facing ``LLM``: generate, chat and stream, in sync and async forms."""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+from typing import AsyncIterator, Iterator
+
+from dlm_backend.engine.engine import EngineConfig, LLMEngine
+from dlm_backend.engine.loop import EngineLoop
+from dlm_backend.engine.outputs import GenerationOutput, StreamChunk
+from dlm_backend.engine.params import SamplingParams
+from dlm_backend.errors import DLMError, EngineError, TokenizerError
+
+_shared: dict[tuple, EngineLoop] = {}
+_shared_lock = threading.Lock()
+
+
+def _engine_loop(config: EngineConfig) -> EngineLoop:
+    """One engine per (model, device, dtype, limits) in the process, shared by every front door."""
+    key = tuple(vars(config).values())
+    with _shared_lock:
+        loop = _shared.get(key)
+        if loop is None:
+            loop = _shared[key] = EngineLoop(LLMEngine(config))
+        return loop
+
+
+class LLM:
+    """A masked-diffusion language model on the local engine.
+
+    ``model`` is a local checkpoint folder or a hub id (``"GSAI-ML/LLaDA-8B-Instruct"``). Weights load
+    once per process and configuration; every ``LLM`` naming the same model shares them and their
+    batches. Methods taking ``messages`` render them with the checkpoint's chat template.
+    """
+
+    def __init__(self, model: str, *, device: str | None = None, dtype: str = "auto",
+                 revision: str | None = None, max_num_seqs: int = 64,
+                 max_num_batched_tokens: int = 32768, max_model_len: int | None = None):
+        self.config = EngineConfig(model=str(model), device=device, dtype=dtype, revision=revision,
+                                   max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                                   max_model_len=max_model_len)
+        self._loop = _engine_loop(self.config)
+
+    @property
+    def engine(self) -> LLMEngine:
+        return self._loop.engine
+
+    @property
+    def tokenizer(self):
+        if self.engine.tokenizer is None:
+            raise TokenizerError(f"{self.config.model} has no tokenizer.json; text prompts and chat need "
+                                 "one. Pass prompt_token_ids instead.")
+        return self.engine.tokenizer
+
+    # -- prompts ------------------------------------------------------------------------------
+
+    def encode_chat(self, messages: list[dict], tools: list[dict] | None = None, **template_kwargs) -> list[int]:
+        """Token ids of ``messages`` rendered with the chat template, ready for the assistant turn."""
+        return self.tokenizer.encode(self.tokenizer.apply_chat_template(messages, tools=tools, **template_kwargs))
+
+    def _prompt_ids(self, prompts, prompt_token_ids) -> list[list[int]]:
+        if (prompts is None) == (prompt_token_ids is None):
+            raise DLMError("Pass exactly one of prompts (text) or prompt_token_ids.")
+        if prompts is not None:
+            prompts = [prompts] if isinstance(prompts, str) else list(prompts)
+            return [self.tokenizer.encode(p) for p in prompts]
+        ids = list(prompt_token_ids)
+        return [list(ids)] if ids and isinstance(ids[0], int) else [list(p) for p in ids]
+
+    # -- sync ---------------------------------------------------------------------------------
+
+    def generate(self, prompts: str | list[str] | None = None, sampling_params: SamplingParams | None = None,
+                 *, prompt_token_ids: list[int] | list[list[int]] | None = None) -> list[GenerationOutput]:
+        """Complete raw prompts (no chat template); all are batched together. One output per prompt."""
+        params = sampling_params or SamplingParams()
+        batches = self._prompt_ids(prompts, prompt_token_ids)
+        results: list[queue.Queue] = [queue.Queue() for _ in batches]
+        for ids, q in zip(batches, results):
+            self._loop.submit(ids, params, _final_only(q.put))
+        return [_unwrap(q.get()) for q in results]
+
+    def chat(self, messages: list[dict], sampling_params: SamplingParams | None = None, *,
+             tools: list[dict] | None = None, **template_kwargs) -> GenerationOutput:
+        """Answer one conversation (``[{"role": ..., "content": ...}, ...]``)."""
+        ids = self.encode_chat(messages, tools, **template_kwargs)
+        return self.generate(prompt_token_ids=[ids], sampling_params=sampling_params)[0]
+
+    def stream(self, prompt: str | None = None, sampling_params: SamplingParams | None = None, *,
+               prompt_token_ids: list[int] | None = None) -> Iterator[StreamChunk]:
+        """Yield committed output in order as the engine finalises it; the last chunk is ``finished``."""
+        ids = self._prompt_ids(prompt, None if prompt_token_ids is None else [prompt_token_ids])[0]
+        return self._stream_ids(ids, sampling_params or SamplingParams())
+
+    def stream_chat(self, messages: list[dict], sampling_params: SamplingParams | None = None, *,
+                    tools: list[dict] | None = None, **template_kwargs) -> Iterator[StreamChunk]:
+        """Stream the answer to one conversation."""
+        return self._stream_ids(self.encode_chat(messages, tools, **template_kwargs),
+                                sampling_params or SamplingParams())
+
+    def _stream_ids(self, ids: list[int], params: SamplingParams) -> Iterator[StreamChunk]:
+        q: queue.Queue = queue.Queue()
+        request_id = self._loop.submit(ids, params, q.put)
+
+        def chunks():
+            finished = False
+            try:
+                while not finished:
+                    chunk = q.get()
+                    finished = chunk.finished
+                    if chunk.error:
+                        raise EngineError(f"Request {chunk.request_id} failed: {chunk.error}")
+                    yield chunk
+            finally:
+                if not finished:   # consumer stopped early: free the slot at the next step
+                    self._loop.abort(request_id)
+
+        return chunks()
+
+    # -- async --------------------------------------------------------------------------------
+
+    async def agenerate(self, prompts=None, sampling_params: SamplingParams | None = None, *,
+                        prompt_token_ids=None) -> list[GenerationOutput]:
+        """``generate`` without blocking the event loop."""
+        params = sampling_params or SamplingParams()
+        futures = []
+        for ids in self._prompt_ids(prompts, prompt_token_ids):
+            q = _AsyncQueue()
+            self._loop.submit(ids, params, _final_only(q.put))
+            futures.append(q.get())
+        return [_unwrap(chunk) for chunk in await asyncio.gather(*futures)]
+
+    async def achat(self, messages: list[dict], sampling_params: SamplingParams | None = None, *,
+                    tools: list[dict] | None = None, **template_kwargs) -> GenerationOutput:
+        """``chat`` without blocking the event loop."""
+        ids = self.encode_chat(messages, tools, **template_kwargs)
+        return (await self.agenerate(prompt_token_ids=[ids], sampling_params=sampling_params))[0]
+
+    async def astream(self, prompt: str | None = None, sampling_params: SamplingParams | None = None, *,
+                      prompt_token_ids: list[int] | None = None) -> AsyncIterator[StreamChunk]:
+        ids = self._prompt_ids(prompt, None if prompt_token_ids is None else [prompt_token_ids])[0]
+        async for chunk in self._astream_ids(ids, sampling_params or SamplingParams()):
+            yield chunk
+
+    async def astream_chat(self, messages: list[dict], sampling_params: SamplingParams | None = None, *,
+                           tools: list[dict] | None = None, **template_kwargs) -> AsyncIterator[StreamChunk]:
+        ids = self.encode_chat(messages, tools, **template_kwargs)
+        async for chunk in self._astream_ids(ids, sampling_params or SamplingParams()):
+            yield chunk
+
+    async def _astream_ids(self, ids: list[int], params: SamplingParams) -> AsyncIterator[StreamChunk]:
+        q = _AsyncQueue()
+        request_id = self._loop.submit(ids, params, q.put)
+        finished = False
+        try:
+            while not finished:
+                chunk = await q.get()
+                finished = chunk.finished
+                if chunk.error:
+                    raise EngineError(f"Request {chunk.request_id} failed: {chunk.error}")
+                yield chunk
+        finally:
+            if not finished:
+                self._loop.abort(request_id)
+
+
+class _AsyncQueue:
+    """Thread-safe handoff from the engine thread into the caller's event loop."""
+
+    def __init__(self):
+        self._loop = asyncio.get_running_loop()
+        self._queue: asyncio.Queue = asyncio.Queue()
+
+    def put(self, item) -> None:
+        self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
+
+    async def get(self):
+        return await self._queue.get()
+
+
+def _final_only(put):
+    return lambda chunk: put(chunk) if chunk.finished else None
+
+
+def _unwrap(chunk: StreamChunk) -> GenerationOutput:
+    if chunk.error:
+        raise EngineError(f"Request {chunk.request_id} failed inside the engine: {chunk.error}")
+    return chunk.output

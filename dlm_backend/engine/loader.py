@@ -1,0 +1,138 @@
+"""Find a checkpoint (local folder or hub id), read its config and load its safetensors weights.
+
+Only safetensors are ever read; pickle checkpoints (.bin/.pt/.pth) are refused, and no remote code
+is executed. The model is built on the meta device, so weights are materialised once, straight on
+the target device and dtype.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from tqdm.auto import tqdm
+
+from dlm_backend.engine.models.base import DiffusionLM
+from dlm_backend.engine.models.registry import resolve_model_class
+from dlm_backend.errors import CheckpointError, ModelNotFoundError, UnsafeCheckpointError
+
+HUB_PATTERNS = ["*.json", "*.safetensors", "*.jinja", "tokenizer*"]
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+# Show a progress bar only when loading is slow enough to notice.
+PROGRESS_MIN_BYTES = 256 * 2**20
+
+
+def resolve_checkpoint(model: str | os.PathLike, revision: str | None = None) -> Path:
+    """A local folder holding the checkpoint: ``model`` itself, or a hub snapshot of it.
+
+    Hub downloads go through huggingface_hub, so ``HF_HUB_OFFLINE``, ``HF_HOME`` and the local cache
+    behave as everywhere else in the HF ecosystem.
+    """
+    path = Path(model).expanduser()
+    if path.is_dir():
+        return path
+    name = str(model)
+    if path.exists() or name.startswith((".", "/", "~")) or name.count("/") > 1:
+        raise ModelNotFoundError(f"Model folder {name!r} does not exist. Pass an existing checkpoint "
+                                 "folder or a hub id like 'GSAI-ML/LLaDA-8B-Instruct'.")
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError
+
+    try:
+        return Path(snapshot_download(name, revision=revision, allow_patterns=HUB_PATTERNS))
+    except LocalEntryNotFoundError as exc:
+        raise ModelNotFoundError(
+            f"Model {name!r} is not in the local Hugging Face cache and the hub cannot be reached "
+            f"(offline={_offline()}). Download it once with network access "
+            f"(`huggingface-cli download {name}`), or pass a local checkpoint folder.") from exc
+    except RepositoryNotFoundError as exc:
+        raise ModelNotFoundError(f"Hub repository {name!r} does not exist or is private. Check the id, "
+                                 "or log in with `huggingface-cli login`.") from exc
+    except (HfHubHTTPError, OSError) as exc:
+        raise ModelNotFoundError(f"Could not fetch {name!r} from the hub: {exc}. Check the network, "
+                                 "or pass a local checkpoint folder.") from exc
+
+
+def _offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes")
+
+
+def read_config(folder: Path) -> dict:
+    config_path = folder / "config.json"
+    if not config_path.is_file():
+        raise CheckpointError(f"{folder} has no config.json. Point at the folder that holds the "
+                              "checkpoint's config.json and safetensors files.")
+    config = json.loads(config_path.read_text())
+    generation_path = folder / "generation_config.json"
+    if generation_path.is_file():
+        config["_generation_config"] = json.loads(generation_path.read_text())
+    return config
+
+
+def safetensors_files(folder: Path) -> list[Path]:
+    """The weight files, from ``model.safetensors.index.json`` when sharded."""
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = json.loads(index.read_text()).get("weight_map", {})
+        files = sorted({folder / name for name in weight_map.values()})
+        missing = [f.name for f in files if not f.is_file()]
+        if missing:
+            raise CheckpointError(f"Shards listed in {index.name} are missing: {', '.join(missing)}. "
+                                  "Re-download the checkpoint.")
+        return files
+    files = sorted(folder.glob("*.safetensors"))
+    if files:
+        return files
+    pickles = sorted(p.name for p in folder.iterdir() if p.suffix in PICKLE_SUFFIXES)
+    if pickles:
+        raise UnsafeCheckpointError(
+            f"{folder} holds only pickle weights ({', '.join(pickles)}). Pickle files can run arbitrary "
+            "code when loaded, so dlm_backend never reads them. Convert the checkpoint to safetensors "
+            "(e.g. `safetensors.torch.save_file(torch.load(f, weights_only=True), 'model.safetensors')` "
+            "in a trusted environment) or use a repository that publishes safetensors.")
+    raise CheckpointError(f"{folder} has no *.safetensors weights. Point at a complete checkpoint folder.")
+
+
+def default_dtype(device: torch.device) -> torch.dtype:
+    # bf16 matmuls are hundreds of times slower than fp32 on CPU cores; on GPU bf16 is the native dtype.
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+def load_model(folder: Path, config: dict, device: torch.device, dtype: torch.dtype) -> DiffusionLM:
+    """Build the registered implementation for ``config`` and fill it from the safetensors files."""
+    cls = resolve_model_class(config)
+    with torch.device("meta"):
+        model = cls.from_config(config)
+    expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    files = safetensors_files(folder)
+    state: dict[str, torch.Tensor] = {}
+    shape_errors: list[str] = []
+    total = sum(f.stat().st_size for f in files)
+    with tqdm(total=total, unit="B", unit_scale=True, desc="Loading weights",
+              disable=total < PROGRESS_MIN_BYTES) as bar:
+        for file in files:
+            with safe_open(str(file), framework="pt", device="cpu") as f:
+                for name in f.keys():
+                    if name not in expected:
+                        continue  # e.g. rotary inv_freq buffers some exports carry
+                    shape = tuple(f.get_slice(name).get_shape())
+                    if shape != expected[name]:
+                        shape_errors.append(f"{name}: expected {list(expected[name])}, found {list(shape)}")
+                        continue
+                    state[name] = f.get_tensor(name).to(device=device, dtype=dtype)
+            bar.update(file.stat().st_size)
+    missing = sorted(set(expected) - set(state) - {n.split(": ")[0] for n in shape_errors})
+    if shape_errors:
+        raise CheckpointError(f"Tensors with the wrong shape for {cls.__name__} in {folder}: "
+                              f"{'; '.join(shape_errors[:8])}. The config.json and weights disagree: "
+                              "re-download the checkpoint or fix config.json.")
+    if missing:
+        shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
+        raise CheckpointError(f"Tensors missing from {folder} for {cls.__name__}: {shown}. "
+                              "The checkpoint is incomplete or of another architecture: re-download it.")
+    model.load_state_dict(state, assign=True)
+    model.setup(device)
+    return model.eval().requires_grad_(False)

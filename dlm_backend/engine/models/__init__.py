@@ -1,0 +1,15 @@
+"""Built-in model families, registered through the same hook a third-party plugin uses."""
+
+from dlm_backend.hookspecs import hookimpl
+
+# HF ``architectures`` string -> "module:Class". Imported only when a checkpoint asks for it.
+BUILTIN_MODELS = {
+    "LLaDAModelLM": "dlm_backend.engine.models.llada:LLaDAModelLM",
+    "DreamModel": "dlm_backend.engine.models.dream:DreamModel",
+}
+
+
+@hookimpl
+def register_models(register):
+    for arch, target in BUILTIN_MODELS.items():
+        register(arch, target)

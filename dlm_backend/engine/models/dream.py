@@ -1,0 +1,114 @@
+"""Dream-v0 (and Dream-architecture derivatives): Qwen2 layers with q/k/v biases and GQA.
+
+Dream keeps its autoregressive initialisation's alignment: the prediction for position i is read
+from the output at i - 1 (``logits_shift = 1``). RoPE runs in the model dtype with cos/sin cast to
+it, unlike LLaDA's fp32 rotation.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dlm_backend.engine.layers import RMSNorm, apply_rotary, attention, swiglu
+from dlm_backend.engine.models.base import DiffusionLM, ModelArgs
+
+
+class DreamAttention(nn.Module):
+    def __init__(self, args: ModelArgs, layer: int):
+        super().__init__()
+        d, kv = args.hidden_size, args.num_kv_heads * args.head_dim
+        self.layer, self.head_dim = layer, args.head_dim
+        self.q_proj = nn.Linear(d, d, bias=True)
+        self.k_proj = nn.Linear(d, kv, bias=True)
+        self.v_proj = nn.Linear(d, kv, bias=True)
+        self.o_proj = nn.Linear(d, d, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        T = x.shape[0]
+        q = self.q_proj(x).view(T, -1, self.head_dim)          # [T, H, hd]
+        k = self.k_proj(x).view(T, -1, self.head_dim)          # [T, Hkv, hd]
+        v = self.v_proj(x).view(T, -1, self.head_dim)
+        q = apply_rotary(q, cos, sin, full_precision=False)
+        k = apply_rotary(k, cos, sin, full_precision=False)
+        return self.o_proj(attention(q, k, v, self.layer).reshape(T, -1))
+
+
+class DreamMLP(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.gate_proj = nn.Linear(args.hidden_size, args.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(args.hidden_size, args.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(args.intermediate_size, args.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x)))
+
+
+class DreamLayer(nn.Module):
+    def __init__(self, args: ModelArgs, layer: int):
+        super().__init__()
+        self.input_layernorm = RMSNorm(args.hidden_size, args.norm_eps)
+        self.self_attn = DreamAttention(args, layer)
+        self.post_attention_layernorm = RMSNorm(args.hidden_size, args.norm_eps)
+        self.mlp = DreamMLP(args)
+
+    def forward(self, x, cos, sin):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DreamBase(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
+        self.layers = nn.ModuleList(DreamLayer(args, i) for i in range(args.num_layers))
+        self.norm = RMSNorm(args.hidden_size, args.norm_eps)
+
+
+class DreamModel(DiffusionLM):
+    logits_shift = 1
+    rope_full_precision = False
+
+    def __init__(self, args: ModelArgs):
+        super().__init__(args)
+        self.model = DreamBase(args)
+        if not args.tie_word_embeddings:
+            self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
+
+    @classmethod
+    def args_from_config(cls, c: dict) -> ModelArgs:
+        eos = c.get("eos_token_id")
+        return ModelArgs(
+            vocab_size=c["vocab_size"],
+            hidden_size=c["hidden_size"],
+            num_layers=c["num_hidden_layers"],
+            num_heads=c["num_attention_heads"],
+            num_kv_heads=c.get("num_key_value_heads") or c["num_attention_heads"],
+            intermediate_size=c["intermediate_size"],
+            max_positions=c.get("max_position_embeddings", 32768),
+            rope_theta=c.get("rope_theta", 10000.0),
+            norm_eps=c.get("rms_norm_eps", 1e-6),
+            mask_token_id=c.get("mask_token_id", 151666),
+            eos_token_ids=tuple(eos if isinstance(eos, list) else [eos]) if eos is not None else (),
+            pad_token_id=c.get("pad_token_id"),
+            bos_token_id=c.get("bos_token_id"),
+            tie_word_embeddings=bool(c.get("tie_word_embeddings", False)),
+        )
+
+    @classmethod
+    def from_config(cls, c: dict) -> "DreamModel":
+        return cls(cls.args_from_config(c))
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        cos, sin = self.rotary.lookup(positions)               # [T, 1, hd]
+        x = self.model.embed_tokens(input_ids)                 # [T, D]
+        for layer in self.model.layers:
+            x = layer(x, cos, sin)
+        return x
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        h = self.model.norm(hidden)
+        weight = self.model.embed_tokens.weight if self.args.tie_word_embeddings else self.lm_head.weight
+        return F.linear(h, weight)                             # [N, V]

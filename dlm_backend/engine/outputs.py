@@ -1,0 +1,56 @@
+"""What the engine hands back: a finished generation and the streamed deltas before it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class GenerationOutput:
+    """A finished request.
+
+    ``token_ids`` are the generated tokens up to (not including) the stop token; ``text`` is their
+    decoding, cut before a matched stop string. ``finish_reason`` is ``"stop"`` (EOS, end of turn or a
+    stop string), ``"length"`` (the canvas was filled), ``"abort"`` or ``"error"``.
+    """
+
+    request_id: str
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    text: str | None
+    finish_reason: str
+    num_forward_passes: int
+    stop_reason: str | int | None = None
+    metrics: dict = field(default_factory=dict)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_generated_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def usage(self) -> dict:
+        return {
+            "prompt_tokens": self.num_prompt_tokens,
+            "completion_tokens": self.num_generated_tokens,
+            "total_tokens": self.num_prompt_tokens + self.num_generated_tokens,
+        }
+
+
+@dataclass
+class StreamChunk:
+    """Newly committed output: the tokens (and text) that can no longer change, in order.
+
+    The last chunk of a request has ``finished=True`` and carries the whole ``output``.
+    """
+
+    request_id: str
+    delta_token_ids: list[int]
+    delta_text: str
+    finished: bool = False
+    finish_reason: str | None = None
+    output: GenerationOutput | None = None
+    error: str | None = None

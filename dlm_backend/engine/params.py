@@ -1,0 +1,97 @@
+"""Per-request sampling parameters."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from dlm_backend.errors import SamplingParamsError
+
+CACHE_MODES = ("none", "prefix", "dual")
+REMASKING = ("low_confidence", "random")
+DREAM_ALGS = ("origin", "maskgit_plus", "topk_margin", "entropy")
+
+
+@dataclass
+class SamplingParams:
+    """How one request is decoded.
+
+    The canvas holds ``max_tokens`` masked slots, filled block by block (``block_length`` slots each,
+    the last block may be shorter). ``sampler`` picks the rule that decides which masked slots are
+    committed at each denoising pass; ``cache`` picks how much of the canvas is recomputed per pass.
+
+    Fields not used by the chosen sampler are ignored (``steps`` by the adaptive samplers,
+    ``alg`` by everything but ``dream``). ``None`` means "the sampler's default".
+    """
+
+    max_tokens: int = 128
+    sampler: str = "threshold"
+    block_length: int | None = None
+    steps: int | None = None
+    temperature: float = 0.0
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+    stop: list[str] | str | None = None
+    ignore_eos: bool = False
+    cache: str = "none"
+    # threshold / factor / entropy-bounded rules
+    threshold: float = 0.9
+    factor: float = 1.0
+    gamma: float = 0.1
+    # LLaDA reference options
+    remasking: str = "low_confidence"
+    cfg_scale: float = 0.0
+    logits_eos_inf: bool = False
+    confidence_eos_eot_inf: bool = False
+    # Dream reference options
+    alg: str = "maskgit_plus"
+    alg_temp: float | None = None
+    eps: float = 1e-3
+    extra: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        self.stop = list(self.stop or [])
+        checks = [
+            (_is_int(self.max_tokens) and self.max_tokens >= 1, "max_tokens must be an integer >= 1"),
+            (self.block_length is None or (_is_int(self.block_length) and self.block_length >= 1),
+             "block_length must be an integer >= 1 (or None for the sampler's default)"),
+            (self.steps is None or (_is_int(self.steps) and self.steps >= 1),
+             "steps must be an integer >= 1 (or None for one token per step)"),
+            (self.temperature >= 0, "temperature must be >= 0 (0 is greedy)"),
+            (self.top_p is None or 0 < self.top_p <= 1, "top_p must be in (0, 1]"),
+            (self.top_k is None or (_is_int(self.top_k) and self.top_k >= 1), "top_k must be an integer >= 1"),
+            (self.seed is None or _is_int(self.seed), "seed must be an integer"),
+            (all(isinstance(s, str) and s for s in self.stop), "stop must be non-empty strings"),
+            (self.cache in CACHE_MODES, f"cache must be one of {', '.join(CACHE_MODES)}"),
+            (0 < self.threshold <= 1, "threshold must be in (0, 1]"),
+            (self.factor > 0, "factor must be > 0"),
+            (self.gamma >= 0, "gamma must be >= 0"),
+            (self.remasking in REMASKING, f"remasking must be one of {', '.join(REMASKING)}"),
+            (self.cfg_scale >= 0, "cfg_scale must be >= 0"),
+            (self.alg in DREAM_ALGS, f"alg must be one of {', '.join(DREAM_ALGS)}"),
+            (self.alg_temp is None or self.alg_temp >= 0, "alg_temp must be >= 0"),
+            (0 < self.eps < 1, "eps must be in (0, 1)"),
+            (isinstance(self.sampler, str) and self.sampler, "sampler must be a registered sampler name"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise SamplingParamsError(f"Invalid SamplingParams: {message}.")
+        if self.cfg_scale > 0 and self.cache != "none":
+            raise SamplingParamsError(
+                "Invalid SamplingParams: cfg_scale > 0 needs cache='none' (the unconditional pass "
+                "recomputes the whole canvas). Set cache='none' or cfg_scale=0.")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def replace(self, **changes) -> "SamplingParams":
+        """A copy with some fields changed (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

@@ -1,0 +1,20 @@
+"""Built-in samplers, registered through the same hook a third-party plugin uses."""
+
+from dlm_backend.engine.samplers.base import Commit, Sampler, StepInput, TokenInfo
+from dlm_backend.engine.samplers.dream import DreamSampler
+from dlm_backend.engine.samplers.entropy_bounded import EntropyBoundedSampler
+from dlm_backend.engine.samplers.factor import FactorSampler
+from dlm_backend.engine.samplers.llada import LLaDASampler
+from dlm_backend.engine.samplers.threshold import ThresholdSampler
+from dlm_backend.hookspecs import hookimpl
+
+BUILTIN_SAMPLERS = (LLaDASampler, DreamSampler, ThresholdSampler, FactorSampler, EntropyBoundedSampler)
+
+
+@hookimpl
+def register_samplers(register):
+    for cls in BUILTIN_SAMPLERS:
+        register(cls.name, cls)
+
+
+__all__ = ["Commit", "Sampler", "StepInput", "TokenInfo", *[c.__name__ for c in BUILTIN_SAMPLERS]]

@@ -1,0 +1,111 @@
+"""Sampler interface: the engine owns the block loop, a sampler decides each pass's commits.
+
+For every running request and every denoising pass the runner hands the sampler the logits of the
+masked slots of the current block (``StepInput``); the sampler answers which of those slots to
+commit and with which tokens (``Commit``). Per-block state (a transfer schedule, timesteps) comes
+from ``begin_block`` and is kept on the sequence.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from dlm_backend.engine.params import SamplingParams
+
+
+@dataclass(frozen=True)
+class TokenInfo:
+    """Special token ids of the loaded checkpoint."""
+
+    mask_id: int
+    eos_ids: tuple[int, ...] = ()
+    eot_ids: tuple[int, ...] = ()
+
+
+@dataclass
+class StepInput:
+    logits: torch.Tensor          # [N, V] for the N masked slots of the block, model dtype
+    positions: list[int]          # their canvas positions, ascending
+    step: int                     # pass index inside the current block, from 0
+    block_state: object           # what begin_block returned
+    params: SamplingParams
+    generator: torch.Generator
+    tokens: TokenInfo
+
+
+@dataclass
+class Commit:
+    indices: list[int]            # rows of StepInput.logits to commit
+    token_ids: list[int]          # the token for each
+
+
+class Sampler(ABC):
+    """A decoding strategy. Subclasses set ``name`` and implement :meth:`step`."""
+
+    name: ClassVar[str]
+    #: block length when the request leaves it unset; None = one block over the whole canvas.
+    default_block_length: ClassVar[int | None] = 32
+    #: whether ``steps`` sets a fixed number of passes per block (False: adaptive rules).
+    uses_steps: ClassVar[bool] = False
+
+    def validate(self, params: SamplingParams) -> None:
+        """Raise SamplingParamsError for parameters this sampler cannot honour."""
+
+    def block_length(self, params: SamplingParams) -> int:
+        size = params.block_length or self.default_block_length or params.max_tokens
+        return min(size, params.max_tokens)
+
+    def steps_for_block(self, params: SamplingParams, block_len: int) -> int:
+        """Passes for a block of ``block_len`` slots: ``steps`` spread evenly over the canvas.
+
+        With ``max_tokens % block_length == 0`` and ``steps % num_blocks == 0`` this is the reference's
+        ``steps // num_blocks``; a shorter last block gets its proportional share (at least 1).
+        """
+        total = params.steps or params.max_tokens
+        return max(1, math.ceil(total * block_len / params.max_tokens))
+
+    def begin_block(self, num_masked: int, steps: int, params: SamplingParams) -> object:
+        """Per-block state, built when a block starts with ``num_masked`` masked slots."""
+        return None
+
+    @abstractmethod
+    def step(self, inp: StepInput) -> Commit:
+        """Choose the slots to commit in this pass (at least one when any are masked)."""
+
+
+# -- shared helpers ---------------------------------------------------------------------------
+
+
+def predict_tokens(logits: torch.Tensor, temperature: float, generator: torch.Generator,
+                   mask_id: int) -> torch.Tensor:
+    """LLaDA/Fast-dLLM token choice: argmax, or Gumbel-max in float64 when temperature > 0.
+
+    The mask token itself is never predicted (it would leave the slot masked); for every real
+    checkpoint this changes nothing, since the mask id's logit is never the largest.
+    """
+    if 0 <= mask_id < logits.shape[-1]:
+        logits = logits.clone()
+        logits[:, mask_id] = -torch.inf
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    noisy = logits.to(torch.float64)
+    noise = torch.rand(noisy.shape, dtype=torch.float64, device=noisy.device, generator=generator)
+    return (noisy.exp() / (-torch.log(noise)) ** temperature).argmax(dim=-1)
+
+
+def top_k_indices(confidence: torch.Tensor, k: int) -> list[int]:
+    """The k highest confidences; ties go to the lower position, on every device."""
+    k = min(k, confidence.shape[0])
+    if k <= 0:
+        return []
+    order = torch.sort(confidence, descending=True, stable=True).indices
+    return order[:k].tolist()
+
+
+def gather(values: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    return values.gather(-1, index[:, None])[:, 0]

@@ -1,0 +1,111 @@
+"""Tokenizer (tokenizers library) and chat template (sandboxed Jinja) read from a checkpoint folder."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from pathlib import Path
+
+import jinja2
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import Tokenizer as HFTokenizer
+
+from dlm_backend.errors import TokenizerError
+
+SPECIAL_KEYS = ("bos_token", "eos_token", "pad_token", "unk_token", "mask_token")
+_SENTINEL = "DLMTURNSENTINEL"
+
+
+def _content(token) -> str | None:
+    return token.get("content") if isinstance(token, dict) else token
+
+
+def _tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+    # HF's chat-template tojson: no HTML escaping, unicode kept (Jinja's built-in escapes '<', '>').
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def _raise_exception(message):
+    raise TokenizerError(f"The chat template rejected the conversation: {message}")
+
+
+class Tokenizer:
+    """``tokenizer.json`` plus the special tokens and chat template from ``tokenizer_config.json``."""
+
+    def __init__(self, folder: Path):
+        path = folder / "tokenizer.json"
+        if not path.is_file():
+            raise TokenizerError(f"{folder} has no tokenizer.json, so text prompts cannot be encoded. "
+                                 "Pass prompt_token_ids instead, or add the checkpoint's tokenizer.json.")
+        self._tok = HFTokenizer.from_file(str(path))
+        cfg_path = folder / "tokenizer_config.json"
+        self.config = json.loads(cfg_path.read_text()) if cfg_path.is_file() else {}
+        self.special_tokens = {k: _content(self.config.get(k)) for k in SPECIAL_KEYS if self.config.get(k)}
+        self.chat_template = self._find_template(folder)
+        self._special_ids = {i for i, t in self._tok.get_added_tokens_decoder().items() if t.special}
+        self._env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                                  extensions=["jinja2.ext.loopcontrols"])
+        self._env.filters["tojson"] = _tojson
+        self._env.globals["raise_exception"] = _raise_exception
+        self._env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+        self._compiled = None
+
+    def _find_template(self, folder: Path) -> str | None:
+        jinja_file = folder / "chat_template.jinja"
+        if jinja_file.is_file():
+            return jinja_file.read_text()
+        template = self.config.get("chat_template")
+        if isinstance(template, list):  # named templates: [{"name": "default", "template": ...}]
+            named = {t.get("name"): t.get("template") for t in template}
+            template = named.get("default") or next(iter(named.values()), None)
+        return template
+
+    @property
+    def vocab_size(self) -> int:
+        return self._tok.get_vocab_size(with_added_tokens=True)
+
+    def token_id(self, token: str | None) -> int | None:
+        return None if token is None else self._tok.token_to_id(token)
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text``; special-token strings in it map to their ids, nothing is added."""
+        return self._tok.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def apply_chat_template(self, messages: list[dict], tools: list[dict] | None = None,
+                            add_generation_prompt: bool = True, **kwargs) -> str:
+        """Render ``messages`` (and ``tools``) with the checkpoint's template in a Jinja sandbox."""
+        if not self.chat_template:
+            raise TokenizerError("This checkpoint has no chat template (tokenizer_config.json "
+                                 "'chat_template' or chat_template.jinja). Use generate() with a raw "
+                                 "prompt, or add a chat template to the checkpoint.")
+        try:
+            if self._compiled is None:
+                self._compiled = self._env.from_string(self.chat_template)
+            return self._compiled.render(messages=messages, tools=tools or None,
+                                         add_generation_prompt=add_generation_prompt,
+                                         **self.special_tokens, **kwargs)
+        except TokenizerError:
+            raise
+        except jinja2.exceptions.SecurityError as exc:
+            raise TokenizerError(f"The chat template tried an unsafe operation and was stopped by the "
+                                 f"sandbox: {exc}. Use a trusted checkpoint's template.") from exc
+        except jinja2.TemplateError as exc:
+            raise TokenizerError(f"The chat template failed to render: {exc}. Check the messages' roles "
+                                 "and content, or fix the template.") from exc
+
+    def end_of_turn_ids(self) -> list[int]:
+        """Special tokens the template writes right after an assistant message (e.g. <|eot_id|>)."""
+        if not self.chat_template:
+            return []
+        try:
+            text = self.apply_chat_template(
+                [{"role": "user", "content": "hi"}, {"role": "assistant", "content": _SENTINEL}],
+                add_generation_prompt=False)
+        except TokenizerError:
+            return []
+        _, _, tail = text.partition(_SENTINEL)
+        ids = [i for i in self.encode(tail) if i in self._special_ids]
+        return ids[:1]

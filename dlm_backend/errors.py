@@ -1,0 +1,43 @@
+"""User-facing errors. Every message names the problem and says how to fix it."""
+
+from __future__ import annotations
+
+
+class DLMError(Exception):
+    """Base class of every error dlm_backend raises for bad input or configuration."""
+
+
+class UnknownArchitectureError(DLMError):
+    """The checkpoint's `architectures` entry has no registered implementation."""
+
+
+class CheckpointError(DLMError):
+    """The checkpoint on disk is missing files or tensors, or holds tensors of the wrong shape."""
+
+
+class UnsafeCheckpointError(CheckpointError):
+    """Only pickle-based weights (.bin/.pt/.pth) were found; they are never loaded."""
+
+
+class ModelNotFoundError(DLMError):
+    """Neither a local folder nor a hub repository (or its cached snapshot) could be found."""
+
+
+class TokenizerError(DLMError):
+    """The checkpoint has no usable tokenizer or chat template for a text request."""
+
+
+class ContextLengthError(DLMError):
+    """The prompt plus the requested tokens do not fit the model's context window."""
+
+
+class SamplingParamsError(DLMError):
+    """Sampling parameters that cannot be satisfied (out of range, unknown sampler, bad combination)."""
+
+
+class RequestAbortedError(DLMError):
+    """The request was cancelled before it finished."""
+
+
+class EngineError(DLMError):
+    """A request failed inside the engine; other requests keep running."""

@@ -1,0 +1,90 @@
+"""Plugin manager: built-ins load as default plugins, third-party ones through entry points.
+
+``DLM_DISABLE_PLUGIN_AUTOLOAD=1`` skips entry-point plugins (built-ins still load);
+``DLM_LOAD_PLUGINS=a,b`` loads only the named entry points.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import threading
+
+import pluggy
+
+from dlm_backend import hookspecs
+
+ENTRY_POINT_GROUP = "dlm_backend"
+DEFAULT_PLUGINS = (
+    "dlm_backend.engine.models",
+    "dlm_backend.engine.samplers",
+    "dlm_backend.adapters",
+)
+
+pm = pluggy.PluginManager("dlm_backend")
+pm.add_hookspecs(hookspecs)
+
+_loaded = False
+_lock = threading.Lock()
+
+
+def load_plugins() -> pluggy.PluginManager:
+    """Register built-in and entry-point plugins once; later calls are no-ops."""
+    global _loaded
+    with _lock:
+        if _loaded:
+            return pm
+        if not os.environ.get("DLM_DISABLE_PLUGIN_AUTOLOAD"):
+            allow = os.environ.get("DLM_LOAD_PLUGINS")
+            if allow is None:
+                pm.load_setuptools_entrypoints(ENTRY_POINT_GROUP)
+            else:
+                for name in filter(None, (n.strip() for n in allow.split(","))):
+                    pm.load_setuptools_entrypoints(ENTRY_POINT_GROUP, name=name)
+        for module_name in DEFAULT_PLUGINS:
+            if pm.get_plugin(module_name) is None:
+                pm.register(importlib.import_module(module_name), name=module_name)
+        pm.check_pending()
+        _loaded = True
+    return pm
+
+
+def _collect(hook_name: str) -> dict:
+    load_plugins()
+    table: dict = {}
+
+    def register(name, value):
+        table[name] = value
+
+    getattr(pm.hook, hook_name)(register=register)
+    return table
+
+
+def registered_models() -> dict[str, str]:
+    """Architecture string -> ``"module:Class"`` for every registered model family."""
+    return _collect("register_models")
+
+
+def registered_samplers() -> dict[str, type]:
+    """Sampler name -> class for every registered decoding strategy."""
+    return _collect("register_samplers")
+
+
+def registered_adapters() -> dict[str, str]:
+    """Adapter name -> module path for every registered framework adapter."""
+    return _collect("register_adapters")
+
+
+def plugin_listing() -> list[dict]:
+    """One entry per loaded plugin: its name, hooks and distribution (None for built-ins)."""
+    load_plugins()
+    dists = {id(plugin): dist for plugin, dist in pm.list_plugin_distinfo()}
+    rows = []
+    for name, plugin in pm.list_name_plugin():
+        dist = dists.get(id(plugin))
+        rows.append({
+            "name": name,
+            "hooks": sorted(h.name for h in pm.get_hookcallers(plugin) or []),
+            "distribution": f"{dist.project_name} {dist.version}" if dist else None,
+        })
+    return rows
