@@ -83,7 +83,9 @@ def safetensors_files(folder: Path) -> list[Path]:
             raise CheckpointError(f"Shards listed in {index.name} are missing: {', '.join(missing)}. "
                                   "Re-download the checkpoint.")
         return files
-    files = sorted(folder.glob("*.safetensors"))
+    # HF names weights model.safetensors / model-0000i-of-0000n.safetensors; other *.safetensors
+    # files in a folder (adapters, test data) are not this model's weights.
+    files = sorted(folder.glob("model*.safetensors"))
     if files:
         return files
     pickles = sorted(p.name for p in folder.iterdir() if p.suffix in PICKLE_SUFFIXES)
@@ -93,7 +95,7 @@ def safetensors_files(folder: Path) -> list[Path]:
             "code when loaded, so dlm_backend never reads them. Convert the checkpoint to safetensors "
             "(e.g. `safetensors.torch.save_file(torch.load(f, weights_only=True), 'model.safetensors')` "
             "in a trusted environment) or use a repository that publishes safetensors.")
-    raise CheckpointError(f"{folder} has no *.safetensors weights. Point at a complete checkpoint folder.")
+    raise CheckpointError(f"{folder} has no model*.safetensors weights. Point at a complete checkpoint folder.")
 
 
 def default_dtype(device: torch.device) -> torch.dtype:

@@ -1,0 +1,139 @@
+"""The ``dlm`` command: generate, chat, models, plugins."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from dlm_backend.errors import DLMError
+
+
+def _add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", help="checkpoint folder or hub id")
+    p.add_argument("--device", default=None, help="cuda, cpu, ... (default: cuda if available)")
+    p.add_argument("--dtype", default="auto", help="auto, float32, bfloat16, float16")
+
+
+def _add_sampling_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--sampler", default="threshold", help="see `dlm plugins` for the registered ones")
+    p.add_argument("--block-length", type=int, default=None)
+    p.add_argument("--steps", type=int, default=None)
+    p.add_argument("--threshold", type=float, default=0.9)
+    p.add_argument("--cache", default="dual", choices=["none", "prefix", "dual"])
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
+
+
+def _params(args):
+    from dlm_backend import SamplingParams
+
+    return SamplingParams(max_tokens=args.max_tokens, sampler=args.sampler, block_length=args.block_length,
+                          steps=args.steps, threshold=args.threshold, cache=args.cache,
+                          temperature=args.temperature, seed=args.seed, stop=args.stop)
+
+
+def _llm(args):
+    from dlm_backend import LLM
+
+    return LLM(args.model, device=args.device, dtype=args.dtype)
+
+
+def cmd_generate(args) -> int:
+    llm, params = _llm(args), _params(args)
+    use_chat = not args.raw and llm.engine.tokenizer is not None and llm.engine.tokenizer.chat_template
+    if use_chat:
+        chunks = llm.stream_chat([{"role": "user", "content": args.prompt}], params)
+    else:
+        chunks = llm.stream(args.prompt, params)
+    output = None
+    for chunk in chunks:
+        sys.stdout.write(chunk.delta_text)
+        sys.stdout.flush()
+        output = chunk.output or output
+    sys.stdout.write("\n")
+    if args.stats and output is not None:
+        n = max(output.num_generated_tokens, 1)
+        print(json.dumps({"finish_reason": output.finish_reason, "forward_passes": output.num_forward_passes,
+                          "tokens": output.num_generated_tokens,
+                          "tokens_per_pass": round(n / max(output.num_forward_passes, 1), 3),
+                          "latency_s": round(output.metrics["latency_s"], 4)}), file=sys.stderr)
+    return 0
+
+
+def cmd_chat(args) -> int:
+    llm, params = _llm(args), _params(args)
+    messages = [{"role": "system", "content": args.system}] if args.system else []
+    interactive = sys.stdin.isatty()
+    while True:
+        if interactive:
+            sys.stdout.write(">>> ")
+            sys.stdout.flush()
+        line = sys.stdin.readline()
+        if not line or line.strip() in ("/exit", "/quit"):
+            return 0
+        if not line.strip():
+            continue
+        messages.append({"role": "user", "content": line.rstrip("\n")})
+        reply = ""
+        for chunk in llm.stream_chat(messages, params):
+            sys.stdout.write(chunk.delta_text)
+            sys.stdout.flush()
+            reply += chunk.delta_text
+        sys.stdout.write("\n")
+        messages.append({"role": "assistant", "content": reply})
+
+
+def cmd_models(args) -> int:
+    from dlm_backend.engine.models.registry import supported_architectures
+
+    for arch, target in supported_architectures().items():
+        print(f"{arch:24} {target}")
+    return 0
+
+
+def cmd_plugins(args) -> int:
+    from dlm_backend.plugins import plugin_listing, registered_samplers
+
+    print(json.dumps({"plugins": plugin_listing(), "samplers": sorted(registered_samplers())}, indent=2))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from dlm_backend.plugins import load_plugins
+
+    parser = argparse.ArgumentParser(prog="dlm", description="Masked-diffusion LMs on a local engine.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("generate", help="answer one prompt, streaming committed text")
+    _add_model_args(p)
+    p.add_argument("prompt")
+    p.add_argument("--raw", action="store_true", help="no chat template: complete the text as is")
+    p.add_argument("--stats", action="store_true", help="print passes and latency to stderr")
+    _add_sampling_args(p)
+    p.set_defaults(func=cmd_generate)
+    p = sub.add_parser("chat", help="interactive chat on stdin (/exit to quit)")
+    _add_model_args(p)
+    p.add_argument("--system", default=None, help="system message")
+    _add_sampling_args(p)
+    p.set_defaults(func=cmd_chat)
+    sub.add_parser("models", help="list supported architectures").set_defaults(func=cmd_models)
+    sub.add_parser("plugins", help="list loaded plugins and samplers").set_defaults(func=cmd_plugins)
+    load_plugins().hook.register_commands(subparsers=sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except DLMError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,42 @@
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+# Third-party plugins installed on the machine must not change what the suite tests.
+os.environ.setdefault("DLM_DISABLE_PLUGIN_AUTOLOAD", "1")
+
+from helpers import PARITY, make_chat_checkpoint  # noqa: E402
+
+
+def pytest_collection_modifyitems(config, items):
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def llada_dir() -> Path:
+    return PARITY / "llada-tiny"
+
+
+@pytest.fixture(scope="session")
+def dream_dir() -> Path:
+    return PARITY / "dream-tiny"
+
+
+@pytest.fixture(scope="session")
+def dream_chat(tmp_path_factory) -> Path:
+    return make_chat_checkpoint(tmp_path_factory.mktemp("dream-chat"), "dream")
+
+
+@pytest.fixture(scope="session")
+def llada_chat(tmp_path_factory) -> Path:
+    return make_chat_checkpoint(tmp_path_factory.mktemp("llada-chat"), "llada")

@@ -1,0 +1,74 @@
+"""Tiny checkpoints for tests: the parity weights plus a real tokenizer and chat template."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+FIXTURES = Path(__file__).parent / "fixtures"
+PARITY = FIXTURES / "parity"
+
+CORPUS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Name three prime numbers: two, three and five.",
+    "Diffusion language models fill masked tokens in parallel.",
+    "Paris is the capital of France. Berlin is the capital of Germany.",
+    "What is the weather in Tokyo today? It is sunny and warm.",
+    "1 2 3 4 5 6 7 8 9 10 11 12 + - * / = ( ) { } [ ] : , \" '",
+] * 20
+
+CHATML = (
+    "{% if tools %}<|im_start|>system\nYou can call tools:\n{% for t in tools %}{{ t | tojson }}\n{% endfor %}"
+    "<|im_end|>\n{% elif messages[0]['role'] != 'system' %}<|im_start|>system\nYou are a helpful assistant."
+    "<|im_end|>\n{% endif %}"
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+LLAMA3 = (
+    "{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n"
+    "{{ m['content'] }}<|eot_id|>{% endfor %}"
+    "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
+)
+SPECIALS = {
+    # family: ids 300.. in order; 300 is the checkpoint's mask id, 301 its EOS.
+    "dream": ["<|mask|>", "<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+    "llada": ["<|mdm_mask|>", "<|endoftext|>", "<|startoftext|>", "<|eot_id|>",
+              "<|start_header_id|>", "<|end_header_id|>"],
+}
+
+
+def build_tokenizer(family: str) -> Tokenizer:
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    tok.train_from_iterator(CORPUS, trainer)
+    assert tok.get_vocab_size() == 300, tok.get_vocab_size()
+    tok.add_special_tokens(SPECIALS[family])
+    return tok
+
+
+def make_chat_checkpoint(dest: Path, family: str, **config_overrides) -> Path:
+    """Copy the parity checkpoint of ``family`` and give it a tokenizer and chat template."""
+    src = PARITY / f"{family}-tiny"
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in ("model.safetensors", "generation_config.json"):
+        shutil.copy(src / name, dest / name)
+    config = json.loads((src / "config.json").read_text())
+    config.update(config_overrides)
+    (dest / "config.json").write_text(json.dumps(config, indent=2))
+    build_tokenizer(family).save(str(dest / "tokenizer.json"))
+    specials = SPECIALS[family]
+    tok_config = {
+        "eos_token": specials[1],
+        "pad_token": specials[1],
+        "mask_token": specials[0],
+        "bos_token": specials[2] if family == "llada" else None,
+        "chat_template": CHATML if family == "dream" else LLAMA3,
+    }
+    (dest / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2))
+    return dest

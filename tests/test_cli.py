@@ -1,0 +1,46 @@
+"""The `dlm` command, run as a user runs it."""
+
+import json
+import subprocess
+import sys
+
+from helpers import PARITY
+
+
+def dlm(*args, stdin=None):
+    return subprocess.run([sys.executable, "-m", "dlm_backend.cli", *args], input=stdin,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_models_lists_architectures():
+    result = dlm("models")
+    assert result.returncode == 0
+    assert "LLaDAModelLM" in result.stdout and "DreamModel" in result.stdout
+
+
+def test_plugins_lists_builtins_and_samplers():
+    data = json.loads(dlm("plugins").stdout)
+    assert "llada" in data["samplers"]
+    assert any(p["name"] == "dlm_backend.engine.samplers" for p in data["plugins"])
+
+
+def test_generate_streams_text_with_stats(dream_chat):
+    result = dlm("generate", str(dream_chat), "Name three prime numbers.", "--max-tokens", "16",
+                 "--block-length", "8", "--stats")
+    assert result.returncode == 0, result.stderr
+    stats = json.loads(result.stderr.strip().splitlines()[-1])
+    assert stats["forward_passes"] >= 1 and stats["finish_reason"] in ("stop", "length")
+
+
+def test_chat_reads_turns_from_stdin(dream_chat):
+    result = dlm("chat", str(dream_chat), "--max-tokens", "8", "--block-length", "8",
+                 stdin="hello\nand again\n/exit\n")
+    assert result.returncode == 0, result.stderr
+    assert len(result.stdout.strip().splitlines()) >= 1
+
+
+def test_errors_are_one_clear_line():
+    result = dlm("generate", str(PARITY / "llada-tiny"), "hi")
+    assert result.returncode == 2
+    assert result.stderr.startswith("error: ") and "tokenizer.json" in result.stderr
+    assert "Traceback" not in result.stderr

@@ -1,0 +1,208 @@
+"""Engine behaviour: batching, caches, early stop, seeds, streaming, async, cancellation, failures."""
+
+import asyncio
+import json
+import shutil
+
+import pytest
+import torch
+from helpers import PARITY
+
+from dlm_backend import LLM, SamplingParams
+from dlm_backend.engine.cache import KVCache
+from dlm_backend.engine.layers import AttentionContext, Segment, attention_context
+from dlm_backend.errors import EngineError
+
+PROMPT = json.loads((PARITY / "llada-tiny" / "cases.json").read_text())["cases"][0]["prompt"]
+PROMPTS = [PROMPT, PROMPT[:4], PROMPT[2:] + [7, 8, 9, 10, 11, 12, 13]]
+SAMPLERS = ["llada", "dream", "threshold", "factor", "entropy_bounded"]
+
+
+@pytest.mark.parametrize("family", ["llada-tiny", "dream-tiny"])
+@pytest.mark.parametrize("cache", ["none", "prefix", "dual"])
+@pytest.mark.parametrize("sampler", SAMPLERS)
+def test_batch_invariance(family, cache, sampler):
+    llm = LLM(str(PARITY / family))
+    params = SamplingParams(sampler=sampler, max_tokens=20, block_length=8, threshold=0.1, cache=cache,
+                            ignore_eos=True)
+    alone = [llm.generate(prompt_token_ids=[p], sampling_params=params)[0] for p in PROMPTS]
+    together = llm.generate(prompt_token_ids=PROMPTS, sampling_params=params)
+    for a, b in zip(alone, together):
+        assert a.token_ids == b.token_ids
+        assert a.num_forward_passes == b.num_forward_passes
+        assert len(a.token_ids) == 20
+
+
+@pytest.mark.parametrize("family", ["llada-tiny", "dream-tiny"])
+def test_cached_window_on_unchanged_canvas_equals_full_pass(family):
+    """The cache plumbing is exact: with nothing changed since the block-start pass, the prefix and
+    dual windows see the same keys as a full pass and produce the same hidden states."""
+    model = LLM(str(PARITY / family)).engine.runner.model
+    a = model.args
+    canvas = torch.tensor(PROMPT + [a.mask_token_id] * 16)
+    L, bs, be = len(canvas), len(PROMPT) + 8, len(PROMPT) + 16
+    cache = KVCache(a.num_layers, a.num_kv_heads, L, a.head_dim, torch.float32, "cpu")
+    with torch.inference_mode():
+        with attention_context(AttentionContext([Segment(slice(0, L), 0, cache)])):
+            full = model(canvas, torch.arange(L))
+        for start, end in [(bs, L), (bs - 1, be)]:      # prefix window, shifted dual window
+            with attention_context(AttentionContext([Segment(slice(0, end - start), start, cache)])):
+                part = model(canvas[start:end], torch.arange(start, end))
+            torch.testing.assert_close(part, full[start:end], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("cache", ["prefix", "dual"])
+def test_cache_reduces_tokens_per_pass_not_passes(cache):
+    llm = LLM(str(PARITY / "llada-tiny"))
+    seq = llm.engine.add_request(PROMPT, SamplingParams(sampler="llada", max_tokens=24, block_length=8,
+                                                        cache=cache, ignore_eos=True))
+    fed = []
+    while llm.engine.has_unfinished:
+        start, end, _ = seq.window(0)
+        fed.append(end - start)
+        llm.engine.step()
+    assert len(fed) == 24
+    assert fed[0] == len(PROMPT) + 24 and min(fed) < fed[0]
+    if cache == "dual":
+        assert min(fed) == 8
+
+
+def test_eos_stops_early_and_cuts_output(tmp_path):
+    base = LLM(str(PARITY / "llada-tiny"))
+    params = SamplingParams(sampler="llada", max_tokens=32, block_length=8, ignore_eos=True)
+    full = base.generate(prompt_token_ids=[PROMPT], sampling_params=params)[0].token_ids
+    eos = full[5]                      # pretend a token the model writes early is EOS
+    ckpt = tmp_path / "eos"
+    shutil.copytree(PARITY / "llada-tiny", ckpt)
+    config = json.loads((ckpt / "config.json").read_text())
+    config["eos_token_id"] = eos
+    (ckpt / "config.json").write_text(json.dumps(config))
+    (ckpt / "generation_config.json").unlink()
+    out = LLM(str(ckpt)).generate(prompt_token_ids=[PROMPT], sampling_params=params.replace(ignore_eos=False))[0]
+    assert out.finish_reason == "stop" and out.stop_reason == eos
+    assert out.token_ids == full[:full.index(eos)]
+    assert out.num_forward_passes <= 8          # only the first block was denoised
+
+
+@pytest.mark.parametrize("sampler", SAMPLERS)
+def test_max_tokens_not_multiple_of_block(sampler):
+    llm = LLM(str(PARITY / "dream-tiny"))
+    out = llm.generate(prompt_token_ids=[PROMPT], sampling_params=SamplingParams(
+        sampler=sampler, max_tokens=13, block_length=5, steps=7, ignore_eos=True))[0]
+    assert len(out.token_ids) == 13 and out.finish_reason == "length"
+    assert 300 not in out.token_ids           # no mask left behind
+
+
+@pytest.mark.parametrize("sampler", SAMPLERS)
+def test_seed_fixes_sampled_output(sampler):
+    llm = LLM(str(PARITY / "llada-tiny"))
+    params = SamplingParams(sampler=sampler, max_tokens=16, block_length=8, temperature=1.0, seed=7,
+                            ignore_eos=True, alg="origin" if sampler == "dream" else "maskgit_plus")
+    a = llm.generate(prompt_token_ids=[PROMPT], sampling_params=params)[0].token_ids
+    b = llm.generate(prompt_token_ids=[PROMPT], sampling_params=params)[0].token_ids
+    others = [llm.generate(prompt_token_ids=[PROMPT], sampling_params=params.replace(seed=s))[0].token_ids
+              for s in (8, 9, 10)]
+    assert a == b
+    assert any(o != a for o in others)
+
+
+def test_forward_passes_reported_and_threshold_needs_fewer():
+    llm = LLM(str(PARITY / "llada-tiny"))
+    slow = llm.generate(prompt_token_ids=[PROMPT], sampling_params=SamplingParams(
+        sampler="llada", max_tokens=32, block_length=8, ignore_eos=True))[0]
+    fast = llm.generate(prompt_token_ids=[PROMPT], sampling_params=SamplingParams(
+        sampler="threshold", threshold=0.05, max_tokens=32, block_length=8, ignore_eos=True))[0]
+    assert slow.num_forward_passes == 32
+    assert 4 <= fast.num_forward_passes < 32
+
+
+def test_classifier_free_guidance_changes_output():
+    llm = LLM(str(PARITY / "llada-tiny"))
+    params = SamplingParams(sampler="llada", max_tokens=16, block_length=8, ignore_eos=True)
+    plain = llm.generate(prompt_token_ids=[PROMPT], sampling_params=params)[0]
+    guided = llm.generate(prompt_token_ids=[PROMPT], sampling_params=params.replace(cfg_scale=2.0))[0]
+    assert len(guided.token_ids) == 16 and guided.token_ids != plain.token_ids
+
+
+def test_chat_text_and_stop_strings(dream_chat):
+    llm = LLM(str(dream_chat))
+    params = SamplingParams(sampler="llada", max_tokens=24, block_length=8, ignore_eos=True)
+    out = llm.chat([{"role": "user", "content": "Name three prime numbers."}], params)
+    assert isinstance(out.text, str) and out.text == llm.tokenizer.decode(out.token_ids)
+    assert len(out.text) > 3
+    stop = out.text[2:4]
+    cut = llm.chat([{"role": "user", "content": "Name three prime numbers."}], params.replace(stop=[stop]))
+    assert cut.finish_reason == "stop" and cut.stop_reason == stop
+    assert cut.text == out.text[:out.text.index(stop)]
+
+
+def test_stream_yields_committed_text_in_order(dream_chat):
+    llm = LLM(str(dream_chat))
+    params = SamplingParams(sampler="llada", max_tokens=24, block_length=8, ignore_eos=True)
+    messages = [{"role": "user", "content": "hello"}]
+    chunks = list(llm.stream_chat(messages, params))
+    assert chunks[-1].finished and chunks[-1].output is not None
+    assert len(chunks) >= 3                       # at least one chunk per block
+    assert "".join(c.delta_text for c in chunks) == chunks[-1].output.text
+    assert sum((c.delta_token_ids for c in chunks), []) == chunks[-1].output.token_ids
+    assert chunks[-1].output.text == llm.chat(messages, params).text
+
+
+def test_async_api_does_not_block_the_event_loop(dream_chat):
+    llm = LLM(str(dream_chat))
+    params = SamplingParams(sampler="llada", max_tokens=32, block_length=8, ignore_eos=True)
+    messages = [{"role": "user", "content": "hello"}]
+
+    async def main():
+        ticks = 0
+
+        async def ticker():
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await asyncio.sleep(0.001)
+
+        task = asyncio.create_task(ticker())
+        out = await llm.achat(messages, params)
+        streamed = [c async for c in llm.astream_chat(messages, params)]
+        many = await asyncio.gather(*(llm.achat(messages, params) for _ in range(4)))
+        task.cancel()
+        return ticks, out, streamed, many
+
+    ticks, out, streamed, many = asyncio.run(main())
+    assert ticks > 5
+    assert out.text == llm.chat(messages, params).text == streamed[-1].output.text
+    assert all(m.token_ids == out.token_ids for m in many)
+
+
+def test_abandoned_stream_frees_its_slot(dream_chat):
+    llm = LLM(str(dream_chat))
+    stream = llm.stream_chat([{"role": "user", "content": "hi"}],
+                             SamplingParams(sampler="llada", max_tokens=64, block_length=8, ignore_eos=True))
+    next(stream)
+    stream.close()
+    for _ in range(200):
+        if not llm.engine.has_unfinished:
+            break
+        import time
+        time.sleep(0.01)
+    assert not llm.engine.has_unfinished
+
+
+def test_failing_request_fails_alone(monkeypatch):
+    llm = LLM(str(PARITY / "llada-tiny"))
+    bad_seed = 13
+    original = llm.engine.runner._generator_for
+
+    def generator_for(seq):
+        if seq.params.seed == bad_seed:
+            raise RuntimeError("injected failure")
+        return original(seq)
+
+    monkeypatch.setattr(llm.engine.runner, "_generator_for", generator_for)
+    params = SamplingParams(sampler="llada", max_tokens=8, block_length=8, ignore_eos=True)
+    good = llm.generate(prompt_token_ids=[PROMPT], sampling_params=params)[0]
+    with pytest.raises(EngineError, match="injected failure"):
+        llm.generate(prompt_token_ids=[PROMPT], sampling_params=params.replace(seed=bad_seed))
+    again = llm.generate(prompt_token_ids=[PROMPT], sampling_params=params)[0]
+    assert again.token_ids == good.token_ids

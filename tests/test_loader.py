@@ -1,0 +1,126 @@
+"""Checkpoint discovery and loading, and the errors users see for bad checkpoints."""
+
+import json
+import shutil
+
+import pytest
+import torch
+from helpers import PARITY
+from safetensors.torch import load_file, save_file
+
+from dlm_backend import LLM, SamplingParams
+from dlm_backend.engine.engine import EngineConfig, LLMEngine
+from dlm_backend.errors import (CheckpointError, ModelNotFoundError, UnknownArchitectureError,
+                                UnsafeCheckpointError)
+
+
+def _copy(tmp_path, name="llada-tiny"):
+    dest = tmp_path / name
+    shutil.copytree(PARITY / name, dest)
+    return dest
+
+
+def _engine(path):
+    return LLMEngine(EngineConfig(model=str(path)))
+
+
+def test_unknown_architecture_lists_supported(tmp_path):
+    ckpt = _copy(tmp_path)
+    config = json.loads((ckpt / "config.json").read_text())
+    config["architectures"] = ["MysteryForCausalLM"]
+    (ckpt / "config.json").write_text(json.dumps(config))
+    with pytest.raises(UnknownArchitectureError, match="MysteryForCausalLM.*Supported: DreamModel, LLaDAModelLM"):
+        _engine(ckpt)
+
+
+def test_missing_tensor_is_named(tmp_path):
+    ckpt = _copy(tmp_path)
+    state = load_file(str(ckpt / "model.safetensors"))
+    del state["model.transformer.blocks.1.up_proj.weight"]
+    save_file(state, str(ckpt / "model.safetensors"))
+    with pytest.raises(CheckpointError, match=r"missing.*blocks\.1\.up_proj\.weight"):
+        _engine(ckpt)
+
+
+def test_misshaped_tensor_is_named(tmp_path):
+    ckpt = _copy(tmp_path, "dream-tiny")
+    state = load_file(str(ckpt / "model.safetensors"))
+    state["model.layers.0.self_attn.k_proj.weight"] = torch.zeros(16, 64)
+    save_file(state, str(ckpt / "model.safetensors"))
+    with pytest.raises(CheckpointError, match=r"k_proj\.weight: expected \[32, 64\], found \[16, 64\]"):
+        _engine(ckpt)
+
+
+def test_pickle_only_checkpoint_is_refused(tmp_path):
+    ckpt = _copy(tmp_path)
+    (ckpt / "model.safetensors").unlink()
+    (ckpt / "pytorch_model.bin").write_bytes(b"not loaded")
+    with pytest.raises(UnsafeCheckpointError, match="pickle.*never reads them"):
+        _engine(ckpt)
+
+
+def test_missing_config(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(CheckpointError, match="config.json"):
+        _engine(tmp_path / "empty")
+
+
+def test_missing_local_folder(tmp_path):
+    with pytest.raises(ModelNotFoundError, match="does not exist"):
+        _engine(tmp_path / "nope")
+
+
+def test_hub_id_not_cached_while_offline(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    import huggingface_hub.constants as c
+    monkeypatch.setattr(c, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(c, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    with pytest.raises(ModelNotFoundError, match="not in the local Hugging Face cache"):
+        _engine("GSAI-ML/LLaDA-8B-Instruct")
+
+
+def test_hub_id_loads_from_local_cache(tmp_path, monkeypatch):
+    """A hub id resolves through huggingface_hub's cache layout (snapshots/<revision>)."""
+    cache = tmp_path / "hub"
+    repo = cache / "models--org--tiny-llada"
+    snapshot = repo / "snapshots" / ("a" * 40)
+    shutil.copytree(PARITY / "llada-tiny", snapshot)
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text("a" * 40)
+    import huggingface_hub.constants as c
+    monkeypatch.setattr(c, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(c, "HF_HUB_CACHE", str(cache))
+    engine = LLMEngine(EngineConfig(model="org/tiny-llada"))
+    assert engine.folder == snapshot
+
+
+def test_sharded_checkpoint_loads_the_same(tmp_path):
+    ckpt = _copy(tmp_path)
+    state = load_file(str(ckpt / "model.safetensors"))
+    names = sorted(state)
+    shards = {"model-00001-of-00002.safetensors": names[: len(names) // 2],
+              "model-00002-of-00002.safetensors": names[len(names) // 2:]}
+    for file, keys in shards.items():
+        save_file({k: state[k] for k in keys}, str(ckpt / file))
+    (ckpt / "model.safetensors").unlink()
+    weight_map = {k: f for f, keys in shards.items() for k in keys}
+    (ckpt / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    params = SamplingParams(sampler="llada", max_tokens=16, block_length=8, ignore_eos=True)
+    prompt = [[5, 6, 7, 8]]
+    sharded = LLM(str(ckpt)).generate(prompt_token_ids=prompt, sampling_params=params)[0]
+    single = LLM(str(PARITY / "llada-tiny")).generate(prompt_token_ids=prompt, sampling_params=params)[0]
+    assert sharded.token_ids == single.token_ids
+
+
+def test_missing_shard_is_named(tmp_path):
+    ckpt = _copy(tmp_path)
+    (ckpt / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"x": "model-2.safetensors"}}))
+    with pytest.raises(CheckpointError, match="model-2.safetensors"):
+        _engine(ckpt)
+
+
+def test_default_dtype_is_float32_on_cpu():
+    engine = LLM(str(PARITY / "dream-tiny")).engine
+    assert engine.dtype == torch.float32
+    assert next(engine.runner.model.parameters()).dtype == torch.float32

@@ -1,0 +1,98 @@
+"""Plugins: built-ins load as default plugins; a third-party entry point adds a sampler."""
+
+import importlib
+import json
+import subprocess
+import sys
+import textwrap
+
+from helpers import PARITY
+
+from dlm_backend import plugins
+
+
+def _install_plugin(site):
+    """A real installed distribution exposing the entry point dlm_backend = greedy_left."""
+    (site / "greedy_left_plugin.py").write_text(textwrap.dedent('''
+        from dlm_backend import hookimpl
+        from dlm_backend.engine.samplers import Commit, Sampler
+
+        class LeftToRight(Sampler):
+            """Commit the leftmost masked slot with its argmax: plain left-to-right decoding."""
+            name = "left_to_right"
+
+            def step(self, inp):
+                return Commit([0], [int(inp.logits[0].argmax())])
+
+        @hookimpl
+        def register_samplers(register):
+            register("left_to_right", LeftToRight)
+    '''))
+    dist = site / "greedy_left_plugin-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: greedy-left-plugin\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[dlm_backend]\ngreedy_left = greedy_left_plugin\n")
+
+
+SCRIPT = """
+import json, sys
+from dlm_backend import LLM, SamplingParams
+from dlm_backend.plugins import plugin_listing, registered_samplers
+llm = LLM(sys.argv[1])
+out = llm.generate(prompt_token_ids=[[5, 6, 7, 8]], sampling_params=SamplingParams(
+    sampler="left_to_right", max_tokens=6, block_length=3, ignore_eos=True))[0]
+print(json.dumps({"samplers": sorted(registered_samplers()), "passes": out.num_forward_passes,
+                  "tokens": out.token_ids, "plugins": [p["name"] for p in plugin_listing()],
+                  "dists": [p["distribution"] for p in plugin_listing()]}))
+"""
+
+
+def _run(site, env_extra):
+    import os
+    env = {**os.environ, "PYTHONPATH": f"{site}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", **env_extra}
+    env.pop("DLM_DISABLE_PLUGIN_AUTOLOAD", None)
+    env.update(env_extra)
+    return subprocess.run([sys.executable, "-c", SCRIPT, str(PARITY / "llada-tiny")], env=env,
+                          capture_output=True, text=True)
+
+
+def test_entry_point_plugin_adds_a_sampler(tmp_path):
+    _install_plugin(tmp_path)
+    result = _run(tmp_path, {})
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert "left_to_right" in data["samplers"] and "llada" in data["samplers"]
+    assert data["passes"] == 6 and len(data["tokens"]) == 6      # one token per pass
+    assert "greedy-left-plugin 0.1" in data["dists"]
+
+
+def test_env_var_disables_entry_points(tmp_path):
+    _install_plugin(tmp_path)
+    result = _run(tmp_path, {"DLM_DISABLE_PLUGIN_AUTOLOAD": "1"})
+    assert result.returncode != 0
+    assert "Unknown sampler 'left_to_right'" in result.stderr
+
+
+def test_builtins_are_registered_as_plugins():
+    names = [p["name"] for p in plugins.plugin_listing()]
+    assert "dlm_backend.engine.models" in names and "dlm_backend.engine.samplers" in names
+    assert set(plugins.registered_models()) >= {"LLaDAModelLM", "DreamModel"}
+    assert set(plugins.registered_samplers()) >= {"llada", "dream", "threshold", "factor", "entropy_bounded"}
+
+
+def test_in_process_plugin_registration():
+    module = importlib.import_module("dlm_backend.engine.samplers.threshold")
+
+    class Plugin:
+        @staticmethod
+        @plugins.hookspecs.hookimpl
+        def register_samplers(register):
+            register("threshold_alias", module.ThresholdSampler)
+
+    plugins.load_plugins()
+    plugins.pm.register(Plugin, name="alias-plugin")
+    try:
+        assert plugins.registered_samplers()["threshold_alias"] is module.ThresholdSampler
+    finally:
+        plugins.pm.unregister(name="alias-plugin")
+    assert "threshold_alias" not in plugins.registered_samplers()

@@ -1,0 +1,56 @@
+"""Tokenizer, chat template (sandboxed) and the special tokens taken from the checkpoint."""
+
+import json
+
+import pytest
+
+from dlm_backend import LLM
+from dlm_backend.engine.tokenizer import Tokenizer
+from dlm_backend.errors import TokenizerError
+
+
+def test_special_tokens_come_from_checkpoint_files(dream_chat, llada_chat):
+    dream = LLM(str(dream_chat)).engine.tokens
+    assert dream.mask_id == 300 and 301 in dream.eos_ids and dream.eot_ids == (303,)   # <|im_end|>
+    llada = LLM(str(llada_chat)).engine.tokens
+    assert llada.mask_id == 300 and 301 in llada.eos_ids and llada.eot_ids == (303,)   # <|eot_id|>
+
+
+def test_chat_template_renders_roles_and_tools(dream_chat):
+    tok = Tokenizer(dream_chat)
+    text = tok.apply_chat_template([{"role": "user", "content": "hi"}])
+    assert text.startswith("<|im_start|>system\nYou are a helpful assistant.<|im_end|>")
+    assert text.endswith("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {}}}]
+    with_tools = tok.apply_chat_template([{"role": "user", "content": "hi"}], tools=tools)
+    assert '"name": "get_weather"' in with_tools
+    ids = tok.encode(text)
+    assert ids[0] == 302 and tok.decode(ids, skip_special_tokens=False) == text
+
+
+def test_llama3_template_uses_bos_from_config(llada_chat):
+    text = Tokenizer(llada_chat).apply_chat_template([{"role": "user", "content": "hi"}])
+    assert text.startswith("<|startoftext|><|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|>")
+
+
+def test_template_is_sandboxed(tmp_path, dream_chat):
+    for name in ("tokenizer.json",):
+        (tmp_path / name).write_bytes((dream_chat / name).read_bytes())
+    evil = "{{ messages.__class__.__mro__[1].__subclasses__() }}"
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": evil}))
+    with pytest.raises(TokenizerError, match="unsafe"):
+        Tokenizer(tmp_path).apply_chat_template([{"role": "user", "content": "x"}])
+
+
+def test_template_raise_exception_is_a_clear_error(tmp_path, dream_chat):
+    (tmp_path / "tokenizer.json").write_bytes((dream_chat / "tokenizer.json").read_bytes())
+    template = "{% if messages[0]['role'] != 'user' %}{{ raise_exception('first must be user') }}{% endif %}"
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": template}))
+    with pytest.raises(TokenizerError, match="first must be user"):
+        Tokenizer(tmp_path).apply_chat_template([{"role": "assistant", "content": "x"}])
+
+
+def test_missing_template(tmp_path, dream_chat):
+    (tmp_path / "tokenizer.json").write_bytes((dream_chat / "tokenizer.json").read_bytes())
+    with pytest.raises(TokenizerError, match="no chat template"):
+        Tokenizer(tmp_path).apply_chat_template([{"role": "user", "content": "x"}])
