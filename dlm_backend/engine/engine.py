@@ -114,11 +114,14 @@ class LLMEngine:
         return seq
 
     def abort(self, request_id: str) -> bool:
-        """Cancel a request; its slot is freed at the next step."""
+        """Cancel a request now; its slot and cache are freed immediately."""
         seq = self.scheduler.find(request_id)
         if seq is None:
             return False
         seq.finish("abort")
+        self.scheduler.remove_finished()
+        self.runner.free(seq)
+        self._texts.pop(seq.seq_id, None)
         return True
 
     @property
@@ -129,7 +132,7 @@ class LLMEngine:
 
     def step(self) -> list[StreamChunk]:
         """One denoising pass for the scheduled requests; chunks for those that committed output."""
-        chunks = [self._chunk(s) for s in self.scheduler.remove_finished()]   # aborted while waiting
+        chunks = []
         batch = self.scheduler.schedule()
         if batch:
             self._run_isolated(batch)

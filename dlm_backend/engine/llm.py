@@ -79,7 +79,7 @@ class LLM:
         results: list[queue.Queue] = [queue.Queue() for _ in batches]
         for ids, q in zip(batches, results):
             self._loop.submit(ids, params, _final_only(q.put))
-        return [_unwrap(q.get()) for q in results]
+        return [_unwrap(list(self._loop.drive(q))[-1]) for q in results]
 
     def chat(self, messages: list[dict], sampling_params: SamplingParams | None = None, *,
              tools: list[dict] | None = None, **template_kwargs) -> GenerationOutput:
@@ -106,8 +106,7 @@ class LLM:
         def chunks():
             finished = False
             try:
-                while not finished:
-                    chunk = q.get()
+                for chunk in self._loop.drive(q):
                     finished = chunk.finished
                     if chunk.error:
                         raise EngineError(f"Request {chunk.request_id} failed: {chunk.error}")
@@ -127,7 +126,7 @@ class LLM:
         futures = []
         for ids in self._prompt_ids(prompts, prompt_token_ids):
             q = _AsyncQueue()
-            self._loop.submit(ids, params, _final_only(q.put))
+            self._loop.submit(ids, params, _final_only(q.put), background=True)
             futures.append(q.get())
         return [_unwrap(chunk) for chunk in await asyncio.gather(*futures)]
 
@@ -151,7 +150,7 @@ class LLM:
 
     async def _astream_ids(self, ids: list[int], params: SamplingParams) -> AsyncIterator[StreamChunk]:
         q = _AsyncQueue()
-        request_id = self._loop.submit(ids, params, q.put)
+        request_id = self._loop.submit(ids, params, q.put, background=True)
         finished = False
         try:
             while not finished:

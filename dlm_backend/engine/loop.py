@@ -1,14 +1,19 @@
-"""A background thread that steps the engine whenever requests are pending.
+"""Drives the engine for callers in any thread or event loop.
 
-Callers in any thread or event loop submit requests and receive :class:`StreamChunk` objects through
-a callback, so concurrent callers share denoising passes and async callers never block their loop.
+Synchronous callers drive the engine themselves: whoever waits for output and finds nobody else
+stepping takes one step (for every running request, not just its own), so concurrent threads share
+denoising passes. Async callers cannot block their event loop, so while they have requests in
+flight a background thread steps instead. Driving from the caller's thread matters on CPU: torch's
+OpenMP pool in a secondary thread ran the tiny models about 1.5-2x slower on 2 cores (measured:
+0.073 s vs 0.048 s per 64-token request on a d=256 checkpoint).
 """
 
 from __future__ import annotations
 
 import logging
+import queue
 import threading
-from typing import Callable
+from typing import Callable, Iterator
 
 from dlm_backend.engine.engine import LLMEngine
 from dlm_backend.engine.outputs import StreamChunk
@@ -21,49 +26,84 @@ Sink = Callable[[StreamChunk], None]
 class EngineLoop:
     def __init__(self, engine: LLMEngine):
         self.engine = engine
-        self._lock = threading.Lock()
-        self._wake = threading.Condition(self._lock)
+        self._state = threading.Lock()              # engine bookkeeping (add/abort/step)
+        self._drive = threading.Lock()              # held by whoever is stepping
+        self._wake = threading.Condition(threading.Lock())
         self._sinks: dict[str, Sink] = {}
+        self._background: set[str] = set()          # requests whose owners cannot drive
         self._thread: threading.Thread | None = None
-        self._closed = False
 
     def submit(self, prompt_token_ids: list[int], params: SamplingParams, sink: Sink,
-               request_id: str | None = None) -> str:
+               request_id: str | None = None, background: bool = False) -> str:
         """Queue a request (DLMError raised here, in the caller's thread, for bad input)."""
-        with self._lock:
+        with self._state:
             seq = self.engine.add_request(prompt_token_ids, params, request_id)
             self._sinks[seq.request_id] = sink
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._run, name="dlm-engine", daemon=True)
-                self._thread.start()
-            self._wake.notify()
+        if background:
+            with self._wake:
+                self._background.add(seq.request_id)
+                if self._thread is None or not self._thread.is_alive():
+                    self._thread = threading.Thread(target=self._run, name="dlm-engine", daemon=True)
+                    self._thread.start()
+                self._wake.notify()
         return seq.request_id
 
     def abort(self, request_id: str) -> None:
-        with self._lock:
+        """Cancel a request now: its slot and cache are freed immediately."""
+        with self._state:
             self.engine.abort(request_id)
-            self._wake.notify()
+            self._sinks.pop(request_id, None)
+        with self._wake:
+            self._background.discard(request_id)
 
-    def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            self._wake.notify()
+    def drive(self, q: queue.Queue) -> Iterator[StreamChunk]:
+        """Yield the chunks that arrive on ``q`` (one request's sink), stepping the engine when idle."""
+        while True:
+            try:
+                chunk = q.get_nowait()
+            except queue.Empty:
+                if self._drive.acquire(blocking=False):
+                    try:
+                        if q.empty():
+                            self.step()
+                    finally:
+                        self._drive.release()
+                    continue
+                try:
+                    chunk = q.get(timeout=0.005)
+                except queue.Empty:
+                    continue
+            yield chunk
+            if chunk.finished:
+                return
+
+    def step(self) -> None:
+        """One engine step; chunks go to their sinks outside the lock (sinks may submit work)."""
+        with self._state:
+            if not self.engine.has_unfinished:
+                return
+            chunks = self.engine.step()
+            deliveries = [(self._sinks.get(c.request_id), c) for c in chunks]
+            for c in chunks:
+                if c.finished:
+                    self._sinks.pop(c.request_id, None)
+        finished = [c.request_id for c in chunks if c.finished]
+        if finished:
+            with self._wake:
+                self._background.difference_update(finished)
+        for sink, chunk in deliveries:
+            if sink is not None:
+                try:
+                    sink(chunk)
+                except Exception:  # noqa: BLE001 - a broken consumer must not stop the engine
+                    log.exception("stream consumer for %s failed", chunk.request_id)
 
     def _run(self) -> None:
         while True:
-            with self._lock:
-                while not self.engine.has_unfinished and not self._closed:
-                    self._wake.wait()
-                if self._closed:
-                    return
-                chunks = self.engine.step()
-                sinks = [(self._sinks.get(c.request_id), c) for c in chunks]
-                for c in chunks:
-                    if c.finished:
-                        self._sinks.pop(c.request_id, None)
-            for sink, chunk in sinks:   # deliver outside the lock: sinks may submit new work
-                if sink is not None:
-                    try:
-                        sink(chunk)
-                    except Exception:  # noqa: BLE001 - a broken consumer must not stop the engine
-                        log.exception("stream consumer for %s failed", chunk.request_id)
+            with self._wake:
+                while not self._background:
+                    if not self._wake.wait(timeout=30):
+                        self._thread = None       # idle: let the thread end; submit restarts it
+                        return
+            with self._drive:
+                self.step()
