@@ -189,6 +189,54 @@ def test_abandoned_stream_frees_its_slot(dream_chat):
     assert not llm.engine.has_unfinished
 
 
+def test_concurrent_threads_share_forward_passes(monkeypatch):
+    import threading
+
+    llm = LLM(str(PARITY / "llada-tiny"))
+    params = SamplingParams(sampler="llada", max_tokens=16, block_length=8, ignore_eos=True)
+    solo = [llm.generate(prompt_token_ids=[p], sampling_params=params)[0].token_ids for p in PROMPTS]
+    steps = []
+    original = llm.engine.runner.step
+    monkeypatch.setattr(llm.engine.runner, "step", lambda seqs: (steps.append(len(seqs)), original(seqs)))
+    results = {}
+    barrier = threading.Barrier(len(PROMPTS))
+
+    def worker(i):
+        barrier.wait()
+        results[i] = llm.generate(prompt_token_ids=[PROMPTS[i]], sampling_params=params)[0].token_ids
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(PROMPTS))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [results[i] for i in range(len(PROMPTS))] == solo
+    assert max(steps) > 1 and len(steps) < 16 * len(PROMPTS)     # passes were shared
+
+
+def test_failing_request_in_a_batch_fails_alone(monkeypatch):
+    llm = LLM(str(PARITY / "dream-tiny"))
+    engine = llm.engine
+    original = engine.runner._generator_for
+
+    def generator_for(seq):
+        if seq.params.seed == 13:
+            raise RuntimeError("injected failure")
+        return original(seq)
+
+    params = SamplingParams(sampler="llada", max_tokens=8, block_length=8, ignore_eos=True)
+    solo = llm.generate(prompt_token_ids=[PROMPT], sampling_params=params)[0].token_ids
+    monkeypatch.setattr(engine.runner, "_generator_for", generator_for)
+    good = engine.add_request(PROMPT, params)
+    bad = engine.add_request(PROMPT, params.replace(seed=13))
+    chunks = []
+    while engine.has_unfinished:
+        chunks += engine.step()
+    final = {c.request_id: c for c in chunks if c.finished}
+    assert final[bad.request_id].finish_reason == "error" and "injected" in final[bad.request_id].error
+    assert final[good.request_id].error is None and final[good.request_id].output.token_ids == solo
+
+
 def test_failing_request_fails_alone(monkeypatch):
     llm = LLM(str(PARITY / "llada-tiny"))
     bad_seed = 13

@@ -113,10 +113,12 @@ def load_model(folder: Path, config: dict, device: torch.device, dtype: torch.dt
     state: dict[str, torch.Tensor] = {}
     shape_errors: list[str] = []
     total = sum(f.stat().st_size for f in files)
+    # Read straight onto the target device; the dtype cast then runs there too.
+    target = f"cuda:{device.index or 0}" if device.type == "cuda" else str(device)
     with tqdm(total=total, unit="B", unit_scale=True, desc="Loading weights",
               disable=total < PROGRESS_MIN_BYTES) as bar:
         for file in files:
-            with safe_open(str(file), framework="pt", device="cpu") as f:
+            with safe_open(str(file), framework="pt", device=target) as f:
                 for name in f.keys():
                     if name not in expected:
                         continue  # e.g. rotary inv_freq buffers some exports carry
@@ -124,7 +126,7 @@ def load_model(folder: Path, config: dict, device: torch.device, dtype: torch.dt
                     if shape != expected[name]:
                         shape_errors.append(f"{name}: expected {list(expected[name])}, found {list(shape)}")
                         continue
-                    state[name] = f.get_tensor(name).to(device=device, dtype=dtype)
+                    state[name] = f.get_tensor(name).to(dtype)
             bar.update(file.stat().st_size)
     missing = sorted(set(expected) - set(state) - {n.split(": ")[0] for n in shape_errors})
     if shape_errors:
