@@ -237,6 +237,30 @@ def test_failing_request_in_a_batch_fails_alone(monkeypatch):
     assert final[good.request_id].error is None and final[good.request_id].output.token_ids == solo
 
 
+def test_request_aborted_by_another_thread_returns_abort():
+    import threading
+
+    llm = LLM(str(PARITY / "llada-tiny"))
+    params = SamplingParams(sampler="llada", max_tokens=256, block_length=8, ignore_eos=True)
+    seen = []
+    original = llm.engine.runner.step
+
+    def step(seqs):
+        seen.extend(s.request_id for s in seqs)
+        original(seqs)
+
+    llm.engine.runner.step = step
+    try:
+        timer = threading.Timer(0.2, lambda: llm._loop.abort(seen[0]))
+        timer.start()
+        out = llm.generate(prompt_token_ids=[PROMPT], sampling_params=params)[0]
+        timer.join()
+    finally:
+        del llm.engine.runner.step
+    assert out.finish_reason == "abort" and out.num_forward_passes < 256
+    assert not llm.engine.has_unfinished
+
+
 def test_failing_request_fails_alone(monkeypatch):
     llm = LLM(str(PARITY / "llada-tiny"))
     bad_seed = 13

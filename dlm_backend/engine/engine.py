@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from dlm_backend.engine.loader import default_dtype, load_model, read_config, resolve_checkpoint
+from dlm_backend.engine.models.base import token_ids
 from dlm_backend.engine.outputs import GenerationOutput, StreamChunk
 from dlm_backend.engine.params import SamplingParams
 from dlm_backend.engine.runner import ModelRunner
@@ -71,8 +72,7 @@ class LLMEngine:
     def _token_info(self) -> TokenInfo:
         a, gen = self.model_args, self.hf_config.get("_generation_config", {})
         eos = set(a.eos_token_ids)
-        gen_eos = gen.get("eos_token_id")
-        eos.update(gen_eos if isinstance(gen_eos, list) else [gen_eos] if gen_eos is not None else [])
+        eos.update(token_ids(gen.get("eos_token_id")))
         eot: list[int] = []
         if self.tokenizer is not None:
             tok_eos = self.tokenizer.token_id(self.tokenizer.special_tokens.get("eos_token"))
@@ -113,16 +113,17 @@ class LLMEngine:
         self.scheduler.add(seq)
         return seq
 
-    def abort(self, request_id: str) -> bool:
-        """Cancel a request now; its slot and cache are freed immediately."""
+    def abort(self, request_id: str) -> StreamChunk | None:
+        """Cancel a request now, freeing its slot and cache; returns its final chunk (None if unknown)."""
         seq = self.scheduler.find(request_id)
         if seq is None:
-            return False
+            return None
         seq.finish("abort")
+        chunk = self._chunk(seq)
         self.scheduler.remove_finished()
         self.runner.free(seq)
         self._texts.pop(seq.seq_id, None)
-        return True
+        return chunk
 
     @property
     def has_unfinished(self) -> bool:

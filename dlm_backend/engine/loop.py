@@ -49,12 +49,14 @@ class EngineLoop:
         return seq.request_id
 
     def abort(self, request_id: str) -> None:
-        """Cancel a request now: its slot and cache are freed immediately."""
+        """Cancel a request now: its slot and cache are freed and its consumer gets a final chunk."""
         with self._state:
-            self.engine.abort(request_id)
-            self._sinks.pop(request_id, None)
+            chunk = self.engine.abort(request_id)
+            sink = self._sinks.pop(request_id, None)
         with self._wake:
             self._background.discard(request_id)
+        if chunk is not None and sink is not None:
+            sink(chunk)
 
     def drive(self, q: queue.Queue) -> Iterator[StreamChunk]:
         """Yield the chunks that arrive on ``q`` (one request's sink), stepping the engine when idle."""

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dlm_backend.engine.layers import RMSNorm, apply_rotary, attention, swiglu
-from dlm_backend.engine.models.base import DiffusionLM, ModelArgs
+from dlm_backend.engine.models.base import DiffusionLM, ModelArgs, token_ids
 
 
 class DreamAttention(nn.Module):
@@ -79,7 +79,6 @@ class DreamModel(DiffusionLM):
 
     @classmethod
     def args_from_config(cls, c: dict) -> ModelArgs:
-        eos = c.get("eos_token_id")
         return ModelArgs(
             vocab_size=c["vocab_size"],
             hidden_size=c["hidden_size"],
@@ -91,7 +90,7 @@ class DreamModel(DiffusionLM):
             rope_theta=c.get("rope_theta", 10000.0),
             norm_eps=c.get("rms_norm_eps", 1e-6),
             mask_token_id=c.get("mask_token_id", 151666),
-            eos_token_ids=tuple(eos if isinstance(eos, list) else [eos]) if eos is not None else (),
+            eos_token_ids=token_ids(c.get("eos_token_id")),
             pad_token_id=c.get("pad_token_id"),
             bos_token_id=c.get("bos_token_id"),
             tie_word_embeddings=bool(c.get("tie_word_embeddings", False)),

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dlm_backend.engine.layers import RMSNorm, apply_rotary, attention, swiglu
-from dlm_backend.engine.models.base import DiffusionLM, ModelArgs
+from dlm_backend.engine.models.base import DiffusionLM, ModelArgs, token_ids
 
 
 class LLaDABlock(nn.Module):
@@ -68,7 +68,6 @@ class LLaDAModelLM(DiffusionLM):
 
     @classmethod
     def args_from_config(cls, c: dict) -> ModelArgs:
-        eos = c.get("eos_token_id")
         return ModelArgs(
             vocab_size=c.get("embedding_size") or c["vocab_size"],
             hidden_size=c["d_model"],
@@ -80,7 +79,7 @@ class LLaDAModelLM(DiffusionLM):
             rope_theta=c.get("rope_theta", 10000.0),
             norm_eps=c.get("rms_norm_eps", 1e-5),
             mask_token_id=c.get("mask_token_id", 126336),
-            eos_token_ids=tuple(eos if isinstance(eos, list) else [eos]) if eos is not None else (),
+            eos_token_ids=token_ids(c.get("eos_token_id")),
             pad_token_id=c.get("pad_token_id"),
             bos_token_id=c.get("bos_token_id"),
             tie_word_embeddings=bool(c.get("weight_tying", False)),
