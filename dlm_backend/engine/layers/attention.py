@@ -32,7 +32,11 @@ class Segment:
 
 @dataclass
 class AttentionContext:
+    """Per-forward attention metadata: the packed segments, or ``rows=(B, L)`` for B equal rows
+    without cache (training), which runs as one batched attention call."""
+
     segments: list[Segment] = field(default_factory=list)
+    rows: tuple[int, int] | None = None
 
 
 _local = threading.local()
@@ -57,9 +61,17 @@ def get_context() -> AttentionContext:
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
     """q: [T, H, D], k/v: [T, Hkv, D] (rotated) -> [T, H, D]."""
-    out = torch.empty_like(q)
+    ctx = get_context()
     n_rep = q.shape[1] // k.shape[1]
-    for seg in get_context().segments:
+    if ctx.rows is not None:
+        B, L = ctx.rows
+        qb, kb, vb = (t.view(B, L, t.shape[1], t.shape[2]).transpose(1, 2) for t in (q, k, v))  # [B, H, L, D]
+        if n_rep > 1:
+            kb, vb = kb.repeat_interleave(n_rep, dim=1), vb.repeat_interleave(n_rep, dim=1)
+        o = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=None, is_causal=False)
+        return o.transpose(1, 2).reshape(q.shape)
+    out = torch.empty_like(q)
+    for seg in ctx.segments:
         qs = q[seg.rows].transpose(0, 1)                          # [H, q, D]
         ks, vs = k[seg.rows].transpose(0, 1), v[seg.rows].transpose(0, 1)   # [Hkv, q, D]
         if seg.cache is not None:

@@ -1,0 +1,1 @@
+"""Training the embedded model: synthetic corpus, tokenizer, masked-diffusion SFT, evaluation."""

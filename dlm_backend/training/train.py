@@ -1,0 +1,241 @@
+"""Train dlm-tiny from scratch with the masked-diffusion SFT objective, on CPU in about an hour.
+
+Objective (LLaDA SFT): for each example the prompt stays clean; every response token (the reply,
+its end-of-turn token and the EOS padding after it) is masked with probability t ~ U(eps, 1), and
+the cross-entropy on masked positions is weighted by 1/t and averaged over response length. The
+Dream/Qwen2 layout keeps the one-position logit shift, so position i is predicted from output i-1.
+
+Deterministic for a seed; ``train_state.pt`` in the output folder makes a run resumable.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import save_file
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+from tqdm.auto import tqdm
+
+from dlm_backend.engine.layers import AttentionContext, attention_context
+from dlm_backend.engine.models.dream import DreamModel
+from dlm_backend.engine.tokenizer import Tokenizer as ChatTokenizer
+from dlm_backend.training import corpus
+from dlm_backend.training.template import CHAT_TEMPLATE, EOS, MASK, SPECIAL_TOKENS, TOOL_TOKENS
+
+
+@dataclass
+class TrainConfig:
+    out_dir: str = "runs/dlm-tiny"
+    seed: int = 0
+    num_examples: int = 60000
+    vocab_size: int = 4096
+    hidden_size: int = 256
+    num_layers: int = 6
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    intermediate_size: int = 768
+    max_len: int = 448             # prompt + reply + padding, tokens (3 tool schemas ~ 250)
+    batch_tokens: int = 6144       # tokens per optimiser step
+    max_extra_pad: int = 24        # EOS run after the reply: the model learns to fill the canvas tail
+    steps: int = 3000
+    lr: float = 2e-3
+    min_lr: float = 1e-4
+    warmup: int = 150
+    weight_decay: float = 0.01
+    eps: float = 1e-3
+    save_every: int = 250
+
+
+def build_tokenizer(texts: list[str], vocab_size: int) -> Tokenizer:
+    """Byte-level BPE trained on the corpus; special tokens first (ids 0..3), tool tags after."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size - len(TOOL_TOKENS), special_tokens=SPECIAL_TOKENS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(texts, trainer)
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in TOOL_TOKENS])
+    return tok
+
+
+def model_config(cfg: TrainConfig, tok: Tokenizer) -> dict:
+    eos = tok.token_to_id(EOS)
+    return {
+        "architectures": ["DreamModel"], "model_type": "Dream", "hidden_act": "silu",
+        "hidden_size": cfg.hidden_size, "intermediate_size": cfg.intermediate_size,
+        "num_hidden_layers": cfg.num_layers, "num_attention_heads": cfg.num_heads,
+        "num_key_value_heads": cfg.num_kv_heads, "vocab_size": tok.get_vocab_size(),
+        "max_position_embeddings": 2048, "rope_theta": 10000.0, "rms_norm_eps": 1e-6,
+        "tie_word_embeddings": True, "mask_token_id": tok.token_to_id(MASK), "eos_token_id": eos,
+        "pad_token_id": eos, "bos_token_id": None, "torch_dtype": "float32", "use_cache": False,
+    }
+
+
+def write_checkpoint_files(folder: Path, config: dict, tok: Tokenizer) -> None:
+    """Everything but the weights, laid out exactly as a hub checkpoint."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    (folder / "generation_config.json").write_text(json.dumps(
+        {"eos_token_id": config["eos_token_id"], "pad_token_id": config["pad_token_id"],
+         "mask_token_id": config["mask_token_id"]}, indent=2))
+    tok.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps(
+        {"eos_token": EOS, "pad_token": EOS, "mask_token": MASK, "model_max_length": 2048,
+         "chat_template": CHAT_TEMPLATE}, indent=2))
+
+
+def encode_examples(examples: list[corpus.Example], chat: ChatTokenizer, max_len: int) -> list[tuple[list[int], list[int]]]:
+    pairs = []
+    for ex in examples:
+        prompt = chat.encode(chat.apply_chat_template(ex.messages, tools=ex.tools))
+        reply = chat.encode(ex.target + "<|im_end|>")
+        if len(prompt) + len(reply) + 1 <= max_len:
+            pairs.append((prompt, reply))
+    return pairs
+
+
+def batches(pairs, cfg: TrainConfig, rng: random.Random, eos: int):
+    """Endless stream of [B, L] batches of similar lengths (little padding compute wasted)."""
+    order = sorted(range(len(pairs)), key=lambda i: len(pairs[i][0]) + len(pairs[i][1]))
+    chunks, i = [], 0
+    while i < len(order):
+        length = len(pairs[order[i]][0]) + len(pairs[order[i]][1]) + cfg.max_extra_pad
+        size = max(1, cfg.batch_tokens // length)
+        chunks.append(order[i:i + size])
+        i += size
+    while True:
+        rng.shuffle(chunks)
+        for chunk in chunks:
+            L = min(cfg.max_len, max(len(pairs[j][0]) + len(pairs[j][1]) for j in chunk) + rng.randint(1, cfg.max_extra_pad))
+            ids = torch.full((len(chunk), L), eos, dtype=torch.long)
+            prompt_len = torch.zeros(len(chunk), dtype=torch.long)
+            for r, j in enumerate(chunk):
+                prompt, reply = pairs[j]
+                row = (prompt + reply)[:L]
+                ids[r, :len(row)] = torch.tensor(row)
+                prompt_len[r] = len(prompt)
+            yield ids, prompt_len
+
+
+def diffusion_loss(model: DreamModel, ids: torch.Tensor, prompt_len: torch.Tensor, mask_id: int,
+                   eps: float, gen: torch.Generator) -> torch.Tensor:
+    B, L = ids.shape
+    pos = torch.arange(L)[None, :].expand(B, L)
+    response = pos >= prompt_len[:, None]                                  # [B, L]
+    t = eps + (1 - eps) * torch.rand(B, 1, generator=gen)                  # [B, 1]
+    masked = response & (torch.rand(B, L, generator=gen) < t)
+    noisy = torch.where(masked, torch.full_like(ids, mask_id), ids)
+    with attention_context(AttentionContext(rows=(B, L))):
+        hidden = model(noisy.reshape(-1), pos.reshape(-1)).view(B, L, -1)  # [B, L, D]
+    # Dream's shift: the prediction for position i is the output at i - 1 (prompts are >= 1 token).
+    b, i = masked.nonzero(as_tuple=True)
+    logits = model.compute_logits(hidden[b, i - 1])                        # [M, V]
+    ce = F.cross_entropy(logits, ids[b, i], reduction="none")
+    per_row = torch.zeros(B).index_add_(0, b, ce / t[b, 0])
+    return (per_row / response.sum(1).clamp_min(1)).mean()
+
+
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    if step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    progress = min(1.0, (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup))
+    return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1 + math.cos(math.pi * progress))
+
+
+def init_weights(model: torch.nn.Module, seed: int) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    for name, p in model.named_parameters():
+        if name.endswith("norm.weight") or name.endswith("layernorm.weight"):
+            torch.nn.init.ones_(p)
+        elif name.endswith(".bias"):
+            torch.nn.init.zeros_(p)
+        else:
+            with torch.no_grad():
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.02)
+
+
+def train(cfg: TrainConfig) -> Path:
+    """Run (or resume) training; returns the folder holding the finished checkpoint."""
+    out = Path(cfg.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(cfg.seed)
+    examples = corpus.generate(cfg.num_examples, seed=cfg.seed, split="train")
+    model_dir = out / "model"
+    if (model_dir / "tokenizer.json").is_file():
+        tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    else:
+        texts = [json.dumps(e.messages) + " " + json.dumps(e.tools or []) + " " + e.target for e in examples]
+        tok = build_tokenizer(texts, cfg.vocab_size)
+    config = model_config(cfg, tok)
+    write_checkpoint_files(model_dir, config, tok)
+    chat = ChatTokenizer(model_dir)
+    pairs = encode_examples(examples, chat, cfg.max_len)
+
+    model = DreamModel.from_config(config)
+    init_weights(model, cfg.seed)
+    model.setup("cpu")
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.98), weight_decay=cfg.weight_decay)
+    state_path, log_path = out / "train_state.pt", out / "loss.csv"
+    step, data_rng, gen = 0, random.Random(cfg.seed), torch.Generator().manual_seed(cfg.seed)
+    if state_path.is_file():
+        state = torch.load(state_path, weights_only=False)
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+        step = state["step"]
+        data_rng.setstate(state["data_rng"])
+        gen.set_state(state["gen"])
+    elif log_path.exists():
+        log_path.unlink()
+    (out / "train_config.json").write_text(json.dumps(asdict(cfg), indent=2))
+    stream = batches(pairs, cfg, data_rng, config["eos_token_id"])
+    model.train()
+    bar = tqdm(total=cfg.steps, initial=step, desc="train dlm-tiny")
+    start, ema = time.time(), None
+    while step < cfg.steps:
+        ids, prompt_len = next(stream)
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, cfg)
+        loss = diffusion_loss(model, ids, prompt_len, config["mask_token_id"], cfg.eps, gen)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        step += 1
+        ema = loss.item() if ema is None else 0.98 * ema + 0.02 * loss.item()
+        with log_path.open("a") as f:
+            f.write(f"{step},{loss.item():.5f},{ema:.5f},{time.time() - start:.1f}\n")
+        bar.set_postfix(loss=f"{ema:.3f}")
+        bar.update()
+        if step % cfg.save_every == 0 or step == cfg.steps:
+            torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step,
+                        "data_rng": data_rng.getstate(), "gen": gen.get_state()}, state_path)
+    bar.close()
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(model_dir / "model.safetensors"))
+    plot_loss(log_path, out / "loss.png")
+    return model_dir
+
+
+def plot_loss(csv_path: Path, png_path: Path) -> None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    rows = [line.split(",") for line in csv_path.read_text().splitlines()]
+    steps, raw, ema = zip(*[(int(r[0]), float(r[1]), float(r[2])) for r in rows])
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(steps, raw, alpha=0.3, label="loss")
+    ax.plot(steps, ema, label="EMA 0.98")
+    ax.set(xlabel="step", ylabel="masked-diffusion loss (1/t weighted)", yscale="log", title="dlm-tiny training")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(png_path, dpi=120)
+    plt.close(fig)
