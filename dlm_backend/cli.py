@@ -9,8 +9,10 @@ import sys
 from dlm_backend.errors import DLMError
 
 
-def _add_model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", help="checkpoint folder or hub id")
+def _add_model_args(p: argparse.ArgumentParser, positional: bool = True) -> None:
+    if positional:
+        p.add_argument("model", nargs="?", default=None,
+                       help="checkpoint folder or hub id (default: $DLM_MODEL or the embedded dlm-tiny)")
     p.add_argument("--device", default=None, help="cuda, cpu, ... (default: cuda if available)")
     p.add_argument("--dtype", default="auto", help="auto, float32, bfloat16, float16")
 
@@ -42,6 +44,9 @@ def _llm(args):
 
 
 def cmd_generate(args) -> int:
+    if len(args.args) > 2:
+        raise DLMError("dlm generate takes [MODEL] PROMPT; quote a prompt that has spaces.")
+    args.model, args.prompt = (None, args.args[0]) if len(args.args) == 1 else args.args
     llm, params = _llm(args), _params(args)
     use_chat = not args.raw and llm.engine.tokenizer is not None and llm.engine.tokenizer.chat_template
     if use_chat:
@@ -106,9 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(prog="dlm", description="Masked-diffusion LMs on a local engine.")
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("generate", help="answer one prompt, streaming committed text")
-    _add_model_args(p)
-    p.add_argument("prompt")
+    p = sub.add_parser("generate", help="answer one prompt, streaming committed text: dlm generate [MODEL] PROMPT")
+    _add_model_args(p, positional=False)
+    p.add_argument("args", nargs="+", metavar="[MODEL] PROMPT")
     p.add_argument("--raw", action="store_true", help="no chat template: complete the text as is")
     p.add_argument("--stats", action="store_true", help="print passes and latency to stderr")
     _add_sampling_args(p)

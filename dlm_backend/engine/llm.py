@@ -8,6 +8,7 @@ import threading
 from typing import AsyncIterator, Iterator
 
 from dlm_backend.engine.engine import EngineConfig, LLMEngine
+from dlm_backend.engine.loader import default_model
 from dlm_backend.engine.loop import EngineLoop
 from dlm_backend.engine.outputs import GenerationOutput, StreamChunk
 from dlm_backend.engine.params import SamplingParams
@@ -30,15 +31,16 @@ def _engine_loop(config: EngineConfig) -> EngineLoop:
 class LLM:
     """A masked-diffusion language model on the local engine.
 
-    ``model`` is a local checkpoint folder or a hub id (``"GSAI-ML/LLaDA-8B-Instruct"``). Weights load
+    ``model`` is a local checkpoint folder or a hub id (``"GSAI-ML/LLaDA-8B-Instruct"``); by default
+    ``$DLM_MODEL`` or the embedded dlm-tiny, which runs anywhere without a download. Weights load
     once per process and configuration; every ``LLM`` naming the same model shares them and their
     batches. Methods taking ``messages`` render them with the checkpoint's chat template.
     """
 
-    def __init__(self, model: str, *, device: str | None = None, dtype: str = "auto",
+    def __init__(self, model: str | None = None, *, device: str | None = None, dtype: str = "auto",
                  revision: str | None = None, max_num_seqs: int = 64,
                  max_num_batched_tokens: int = 32768, max_model_len: int | None = None):
-        self.config = EngineConfig(model=str(model), device=device, dtype=dtype, revision=revision,
+        self.config = EngineConfig(model=str(model or default_model()), device=device, dtype=dtype, revision=revision,
                                    max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                                    max_model_len=max_model_len)
         self._loop = _engine_loop(self.config)

@@ -25,6 +25,15 @@ PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 PROGRESS_MIN_BYTES = 256 * 2**20
 
 
+#: The embedded model, shipped inside the package (see dlm_backend/training).
+EMBEDDED_MODEL = Path(__file__).resolve().parents[1] / "assets" / "dlm-tiny"
+
+
+def default_model() -> str:
+    """``$DLM_MODEL`` if set, else the embedded dlm-tiny checkpoint."""
+    return os.environ.get("DLM_MODEL") or str(EMBEDDED_MODEL)
+
+
 def resolve_checkpoint(model: str | os.PathLike, revision: str | None = None) -> Path:
     """A local folder holding the checkpoint: ``model`` itself, or a hub snapshot of it.
 

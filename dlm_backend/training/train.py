@@ -101,27 +101,38 @@ def encode_examples(examples: list[corpus.Example], chat: ChatTokenizer, max_len
     return pairs
 
 
-def batches(pairs, cfg: TrainConfig, rng: random.Random, eos: int):
-    """Endless stream of [B, L] batches of similar lengths (little padding compute wasted)."""
-    order = sorted(range(len(pairs)), key=lambda i: len(pairs[i][0]) + len(pairs[i][1]))
-    chunks, i = [], 0
-    while i < len(order):
-        length = len(pairs[order[i]][0]) + len(pairs[order[i]][1]) + cfg.max_extra_pad
-        size = max(1, cfg.batch_tokens // length)
-        chunks.append(order[i:i + size])
-        i += size
-    while True:
-        rng.shuffle(chunks)
-        for chunk in chunks:
-            L = min(cfg.max_len, max(len(pairs[j][0]) + len(pairs[j][1]) for j in chunk) + rng.randint(1, cfg.max_extra_pad))
-            ids = torch.full((len(chunk), L), eos, dtype=torch.long)
-            prompt_len = torch.zeros(len(chunk), dtype=torch.long)
-            for r, j in enumerate(chunk):
-                prompt, reply = pairs[j]
-                row = (prompt + reply)[:L]
-                ids[r, :len(row)] = torch.tensor(row)
-                prompt_len[r] = len(prompt)
-            yield ids, prompt_len
+class Batches:
+    """Batch ``step`` of the run, a pure function of (seed, step): resuming needs only the step.
+
+    Examples are grouped by length so a [B, L] batch wastes little compute on padding; each epoch
+    visits the groups in a seeded order.
+    """
+
+    def __init__(self, pairs, cfg: TrainConfig, eos: int):
+        self.pairs, self.cfg, self.eos = pairs, cfg, eos
+        order = sorted(range(len(pairs)), key=lambda i: len(pairs[i][0]) + len(pairs[i][1]))
+        self.groups, i = [], 0
+        while i < len(order):
+            length = len(pairs[order[i]][0]) + len(pairs[order[i]][1]) + cfg.max_extra_pad
+            size = max(1, cfg.batch_tokens // length)
+            self.groups.append(order[i:i + size])
+            i += size
+
+    def __call__(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        epoch, index = divmod(step, len(self.groups))
+        visit = list(range(len(self.groups)))
+        random.Random(f"{self.cfg.seed}-epoch-{epoch}").shuffle(visit)
+        group = self.groups[visit[index]]
+        extra = random.Random(f"{self.cfg.seed}-pad-{step}").randint(1, self.cfg.max_extra_pad)
+        L = min(self.cfg.max_len, max(len(self.pairs[j][0]) + len(self.pairs[j][1]) for j in group) + extra)
+        ids = torch.full((len(group), L), self.eos, dtype=torch.long)
+        prompt_len = torch.zeros(len(group), dtype=torch.long)
+        for r, j in enumerate(group):
+            prompt, reply = self.pairs[j]
+            row = (prompt + reply)[:L]
+            ids[r, :len(row)] = torch.tensor(row)
+            prompt_len[r] = len(prompt)
+        return ids, prompt_len
 
 
 def diffusion_loss(model: DreamModel, ids: torch.Tensor, prompt_len: torch.Tensor, mask_id: int,
@@ -161,8 +172,11 @@ def init_weights(model: torch.nn.Module, seed: int) -> None:
                 p.copy_(torch.randn(p.shape, generator=gen) * 0.02)
 
 
-def train(cfg: TrainConfig) -> Path:
-    """Run (or resume) training; returns the folder holding the finished checkpoint."""
+def train(cfg: TrainConfig, stop_at: int | None = None) -> Path:
+    """Run (or resume) training; returns the folder holding the finished checkpoint.
+
+    ``stop_at`` ends this run early after saving state, as an interruption would (tests use it).
+    """
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(cfg.seed)
@@ -183,23 +197,22 @@ def train(cfg: TrainConfig) -> Path:
     model.setup("cpu")
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.98), weight_decay=cfg.weight_decay)
     state_path, log_path = out / "train_state.pt", out / "loss.csv"
-    step, data_rng, gen = 0, random.Random(cfg.seed), torch.Generator().manual_seed(cfg.seed)
+    step, gen = 0, torch.Generator().manual_seed(cfg.seed)
     if state_path.is_file():
-        state = torch.load(state_path, weights_only=False)
+        state = torch.load(state_path, weights_only=True)
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
         step = state["step"]
-        data_rng.setstate(state["data_rng"])
         gen.set_state(state["gen"])
     elif log_path.exists():
         log_path.unlink()
     (out / "train_config.json").write_text(json.dumps(asdict(cfg), indent=2))
-    stream = batches(pairs, cfg, data_rng, config["eos_token_id"])
+    batch_at = Batches(pairs, cfg, config["eos_token_id"])
     model.train()
     bar = tqdm(total=cfg.steps, initial=step, desc="train dlm-tiny")
     start, ema = time.time(), None
-    while step < cfg.steps:
-        ids, prompt_len = next(stream)
+    while step < (stop_at or cfg.steps):
+        ids, prompt_len = batch_at(step)
         for group in opt.param_groups:
             group["lr"] = lr_at(step, cfg)
         loss = diffusion_loss(model, ids, prompt_len, config["mask_token_id"], cfg.eps, gen)
@@ -213,10 +226,12 @@ def train(cfg: TrainConfig) -> Path:
             f.write(f"{step},{loss.item():.5f},{ema:.5f},{time.time() - start:.1f}\n")
         bar.set_postfix(loss=f"{ema:.3f}")
         bar.update()
-        if step % cfg.save_every == 0 or step == cfg.steps:
+        if step % cfg.save_every == 0 or step in (cfg.steps, stop_at):
             torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step,
-                        "data_rng": data_rng.getstate(), "gen": gen.get_state()}, state_path)
+                        "gen": gen.get_state()}, state_path)
     bar.close()
+    if step < cfg.steps:
+        return model_dir
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(model_dir / "model.safetensors"))
     plot_loss(log_path, out / "loss.png")
     return model_dir

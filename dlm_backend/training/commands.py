@@ -1,0 +1,55 @@
+"""`dlm train` and `dlm eval`, registered through the same CLI hook a plugin would use."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import fields
+from pathlib import Path
+
+from dlm_backend.hookspecs import hookimpl
+
+
+def _train(args) -> int:
+    from dlm_backend.training.train import TrainConfig, train
+
+    overrides = {f.name: getattr(args, f.name) for f in fields(TrainConfig) if getattr(args, f.name, None) is not None}
+    print(train(TrainConfig(**overrides)))
+    return 0
+
+
+def _eval(args) -> int:
+    from dlm_backend.training.evaluate import default_configs, evaluate, format_table, plot
+
+    configs = default_configs(args.max_tokens, args.block_length)
+    if args.configs:
+        wanted = [c.strip() for c in args.configs.split(";")]
+        configs = [c for c in configs if c.label in wanted]
+    rows = evaluate(args.model, per_family=args.per_family, configs=configs)
+    table = format_table(rows)
+    print(table)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "eval.json").write_text(json.dumps(rows, indent=2))
+    (out / "eval.md").write_text(table + "\n")
+    if plot(rows, out / "accuracy_vs_passes.png"):
+        print(f"plot: {out / 'accuracy_vs_passes.png'}")
+    return 0
+
+
+@hookimpl
+def register_commands(subparsers):
+    from dlm_backend.training.train import TrainConfig
+
+    p = subparsers.add_parser("train", help="train dlm-tiny from scratch (masked-diffusion SFT)")
+    for f in fields(TrainConfig):
+        p.add_argument("--" + f.name.replace("_", "-"), dest=f.name, type=type(f.default), default=None,
+                       help=f"default {f.default}")
+    p.set_defaults(func=_train)
+    p = subparsers.add_parser("eval", help="held-out quality and speed for every sampler and cache mode")
+    p.add_argument("model", nargs="?", default=None, help="checkpoint (default: the embedded dlm-tiny)")
+    p.add_argument("--per-family", type=int, default=50)
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--block-length", type=int, default=32)
+    p.add_argument("--configs", default=None, help="';'-separated config labels to run (default: all)")
+    p.add_argument("--out", default="eval-results")
+    p.set_defaults(func=_eval)

@@ -1,0 +1,144 @@
+"""Quality against speed on the held-out set: every sampler and cache mode, one table, one plot.
+
+The held-out examples come from another seed and from the evaluation entity split, so no name,
+city or value in them was seen in training.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from dlm_backend.chat import parse_tool_calls
+from dlm_backend.engine.llm import LLM
+from dlm_backend.engine.params import SamplingParams
+from dlm_backend.training import corpus
+from dlm_backend.training.entities import CATEGORIES
+
+EVAL_SEED = 20261130
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    label: str
+    params: SamplingParams
+
+
+def default_configs(max_tokens: int = 64, block_length: int = 32) -> list[EvalConfig]:
+    base = SamplingParams(max_tokens=max_tokens, block_length=block_length)
+    return [
+        EvalConfig("llada 1 tok/step, none", base.replace(sampler="llada", steps=max_tokens, cache="none")),
+        EvalConfig("llada 1 tok/step, dual", base.replace(sampler="llada", steps=max_tokens, cache="dual")),
+        EvalConfig("llada 4 tok/step, dual", base.replace(sampler="llada", steps=max_tokens // 4, cache="dual")),
+        EvalConfig("dream maskgit_plus, none", base.replace(sampler="dream", steps=max_tokens, cache="none")),
+        EvalConfig("threshold 0.9, none", base.replace(sampler="threshold", threshold=0.9, cache="none")),
+        EvalConfig("threshold 0.9, prefix", base.replace(sampler="threshold", threshold=0.9, cache="prefix")),
+        EvalConfig("threshold 0.9, dual", base.replace(sampler="threshold", threshold=0.9, cache="dual")),
+        EvalConfig("threshold 0.7, dual", base.replace(sampler="threshold", threshold=0.7, cache="dual")),
+        EvalConfig("factor 1.0, dual", base.replace(sampler="factor", factor=1.0, cache="dual")),
+        EvalConfig("entropy_bounded 0.1, dual", base.replace(sampler="entropy_bounded", gamma=0.1, cache="dual")),
+    ]
+
+
+def _norm(text: str) -> str:
+    return text.strip().rstrip(".").strip().lower()
+
+
+def score(example: corpus.Example, text: str) -> dict:
+    """``exact`` (and ``valid`` for tool calls and JSON) for one model answer."""
+    exp, fam = example.expected, example.family
+    if fam == "tool_call":
+        content, calls, bad = parse_tool_calls(text)
+        if exp.get("no_call"):
+            return {"valid": not calls and not bad, "exact": not calls and _norm(content) == _norm(exp["answer"])}
+        valid = len(calls) == 1 and not bad and not content
+        exact = valid and calls[0]["name"] == exp["name"] and calls[0]["arguments"] == exp["arguments"]
+        return {"valid": valid, "exact": exact}
+    if fam == "json":
+        try:
+            obj = json.loads(text)
+        except ValueError:
+            return {"valid": False, "exact": False}
+        types = {"string": str, "integer": int, "number": (int, float)}
+        props = exp["schema"]["properties"]
+        valid = isinstance(obj, dict) and set(obj) == set(props) and all(
+            isinstance(obj[k], types[v["type"]]) and not isinstance(obj[k], bool) for k, v in props.items())
+        return {"valid": valid, "exact": obj == exp["object"]}
+    if fam == "chat":
+        return {"exact": _norm(text) in {_norm(a) for a in exp["answers"]}}
+    if fam == "list" and "category" in exp:
+        items = [i.strip() for i in text.split(",")]
+        ok = len(items) == exp["count"] and len(set(items)) == len(items) and all(
+            i in CATEGORIES[exp["category"]] for i in items)
+        return {"exact": ok}
+    return {"exact": _norm(text) == _norm(exp["answer"])}
+
+
+def held_out(per_family: int) -> list[corpus.Example]:
+    families = list(corpus.GENERATORS)
+    return corpus.generate(per_family * len(families), seed=EVAL_SEED, split="eval", families=families)
+
+
+def evaluate(model: str | None = None, per_family: int = 50, configs: list[EvalConfig] | None = None,
+             batch_size: int = 16) -> list[dict]:
+    """One row per (config, family) plus an ``all`` row per config."""
+    llm = LLM(model)
+    examples = held_out(per_family)
+    prompts = [llm.encode_chat(e.messages, tools=e.tools) for e in examples]
+    rows = []
+    for cfg in configs or default_configs():
+        start = time.perf_counter()
+        outputs = []
+        for i in range(0, len(prompts), batch_size):
+            outputs += llm.generate(prompt_token_ids=prompts[i:i + batch_size], sampling_params=cfg.params)
+        wall = time.perf_counter() - start
+        by_family: dict[str, list] = {}
+        for ex, out in zip(examples, outputs):
+            by_family.setdefault(ex.family, []).append((score(ex, out.text), out))
+        by_family["all"] = [r for fam in list(by_family.values()) for r in fam]
+        for fam, results in by_family.items():
+            passes = sum(o.num_forward_passes for _, o in results)
+            tokens = sum(max(1, o.num_generated_tokens) for _, o in results)
+            valid = [s["valid"] for s, _ in results if "valid" in s]
+            rows.append({"config": cfg.label, "family": fam, "n": len(results),
+                         "exact": sum(s["exact"] for s, _ in results) / len(results),
+                         "valid": sum(valid) / len(valid) if valid else None,
+                         "passes_per_token": passes / tokens, "tokens_per_pass": tokens / passes,
+                         "wall_s": wall if fam == "all" else None})
+    return rows
+
+
+def format_table(rows: list[dict]) -> str:
+    lines = ["| config | family | n | exact | valid | passes/token | tokens/pass | wall s |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        valid = "" if r["valid"] is None else f"{100 * r['valid']:.1f}%"
+        wall = "" if r["wall_s"] is None else f"{r['wall_s']:.1f}"
+        lines.append(f"| {r['config']} | {r['family']} | {r['n']} | {100 * r['exact']:.1f}% | {valid} | "
+                     f"{r['passes_per_token']:.3f} | {r['tokens_per_pass']:.2f} | {wall} |")
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict], path: Path) -> bool:
+    """Accuracy against forward passes per token, one point per config (overall)."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    overall = [r for r in rows if r["family"] == "all"]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for r in overall:
+        ax.scatter(r["passes_per_token"], 100 * r["exact"])
+        ax.annotate(r["config"], (r["passes_per_token"], 100 * r["exact"]), fontsize=7,
+                    xytext=(4, 2), textcoords="offset points")
+    ax.set(xlabel="forward passes per generated token", ylabel="held-out exact match (%)",
+           title="dlm-tiny: quality against speed")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
