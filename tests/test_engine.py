@@ -278,3 +278,29 @@ def test_failing_request_fails_alone(monkeypatch):
         llm.generate(prompt_token_ids=[PROMPT], sampling_params=params.replace(seed=bad_seed))
     again = llm.generate(prompt_token_ids=[PROMPT], sampling_params=params)[0]
     assert again.token_ids == good.token_ids
+
+
+@pytest.mark.parametrize("cache", ["none", "dual"])
+@pytest.mark.parametrize("sampler", ["llada", "threshold"])
+def test_response_template_fixes_tokens_and_fills_slots(sampler, cache):
+    llm = LLM(str(PARITY / "dream-tiny"))
+    template = [5, None, None, 6, 7, None, None, None, 8] + [None] * 8 + [9] * 8 + [None] * 3
+    params = SamplingParams(sampler=sampler, max_tokens=32, block_length=8, cache=cache, ignore_eos=True)
+    out = llm.generate(prompt_token_ids=[PROMPT], sampling_params=params, response_template=template)[0]
+    assert len(out.token_ids) == 32 and 300 not in out.token_ids
+    assert all(tok == fixed for tok, fixed in zip(out.token_ids, template) if fixed is not None)
+    free = sum(t is None for t in template) + 32 - len(template)
+    assert out.num_forward_passes <= free
+    if sampler == "llada":
+        assert out.num_forward_passes == free          # one token per pass, fixed slots skipped
+
+
+def test_response_template_validation():
+    from dlm_backend.errors import SamplingParamsError
+    llm = LLM(str(PARITY / "dream-tiny"))
+    with pytest.raises(SamplingParamsError, match="raise max_tokens"):
+        llm.generate(prompt_token_ids=[PROMPT], sampling_params=SamplingParams(max_tokens=2),
+                     response_template=[1, 2, 3])
+    full = llm.generate(prompt_token_ids=[PROMPT], sampling_params=SamplingParams(max_tokens=3, ignore_eos=True),
+                        response_template=[1, 2, 3])[0]
+    assert full.token_ids == [1, 2, 3] and full.num_forward_passes == 0

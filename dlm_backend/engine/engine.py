@@ -90,8 +90,13 @@ class LLMEngine:
         return self.samplers[name]
 
     def add_request(self, prompt_token_ids: list[int], params: SamplingParams,
-                    request_id: str | None = None) -> Sequence:
-        """Validate and queue one request; raises a DLMError (and queues nothing) on bad input."""
+                    request_id: str | None = None,
+                    response_template: list[int | None] | None = None) -> Sequence:
+        """Validate and queue one request; raises a DLMError (and queues nothing) on bad input.
+
+        ``response_template`` fixes output tokens in advance (``None`` = a slot to denoise); it must
+        fit in ``max_tokens``.
+        """
         if not prompt_token_ids:
             raise DLMError("The prompt is empty. Pass at least one token (a diffusion model needs "
                            "context to condition on).")
@@ -107,9 +112,15 @@ class LLMEngine:
         if params.stop and self.tokenizer is None:
             raise TokenizerError("Stop strings need the checkpoint's tokenizer.json to decode text. "
                                  "Remove 'stop' or add the tokenizer.")
+        if response_template is not None:
+            if len(response_template) > params.max_tokens:
+                raise SamplingParamsError(f"The response template has {len(response_template)} tokens but "
+                                          f"max_tokens is {params.max_tokens}; raise max_tokens.")
+            if any(t is not None and (not isinstance(t, int) or not 0 <= t < vocab) for t in response_template):
+                raise DLMError(f"Response template tokens must be None or integers in [0, {vocab}).")
         sampler = self.sampler(params.sampler)
         sampler.validate(params)
-        seq = Sequence(prompt_token_ids, params, sampler, self.tokens, request_id)
+        seq = Sequence(prompt_token_ids, params, sampler, self.tokens, request_id, response_template)
         self.scheduler.add(seq)
         return seq
 
@@ -133,7 +144,8 @@ class LLMEngine:
 
     def step(self) -> list[StreamChunk]:
         """One denoising pass for the scheduled requests; chunks for those that committed output."""
-        chunks = []
+        # Requests finished before their first pass (a template fixing every slot) report at once.
+        chunks = [self._chunk(seq) for seq in self.scheduler.remove_finished()]
         batch = self.scheduler.schedule()
         if batch:
             self._run_isolated(batch)

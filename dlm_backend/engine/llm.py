@@ -74,13 +74,17 @@ class LLM:
     # -- sync ---------------------------------------------------------------------------------
 
     def generate(self, prompts: str | list[str] | None = None, sampling_params: SamplingParams | None = None,
-                 *, prompt_token_ids: list[int] | list[list[int]] | None = None) -> list[GenerationOutput]:
-        """Complete raw prompts (no chat template); all are batched together. One output per prompt."""
+                 *, prompt_token_ids: list[int] | list[list[int]] | None = None,
+                 response_template: list[int | None] | None = None) -> list[GenerationOutput]:
+        """Complete raw prompts (no chat template); all are batched together. One output per prompt.
+
+        ``response_template`` fixes output tokens in advance (``None`` marks a slot to denoise).
+        """
         params = sampling_params or SamplingParams()
         batches = self._prompt_ids(prompts, prompt_token_ids)
         results: list[queue.Queue] = [queue.Queue() for _ in batches]
         for ids, q in zip(batches, results):
-            self._loop.submit(ids, params, _final_only(q.put))
+            self._loop.submit(ids, params, _final_only(q.put), response_template=response_template)
         return [_unwrap(list(self._loop.drive(q))[-1]) for q in results]
 
     def chat(self, messages: list[dict], sampling_params: SamplingParams | None = None, *,
@@ -90,10 +94,11 @@ class LLM:
         return self.generate(prompt_token_ids=[ids], sampling_params=sampling_params)[0]
 
     def stream(self, prompt: str | None = None, sampling_params: SamplingParams | None = None, *,
-               prompt_token_ids: list[int] | None = None) -> Iterator[StreamChunk]:
+               prompt_token_ids: list[int] | None = None,
+               response_template: list[int | None] | None = None) -> Iterator[StreamChunk]:
         """Yield committed output in order as the engine finalises it; the last chunk is ``finished``."""
         ids = self._prompt_ids(prompt, None if prompt_token_ids is None else [prompt_token_ids])[0]
-        return self._stream_ids(ids, sampling_params or SamplingParams())
+        return self._stream_ids(ids, sampling_params or SamplingParams(), response_template)
 
     def stream_chat(self, messages: list[dict], sampling_params: SamplingParams | None = None, *,
                     tools: list[dict] | None = None, **template_kwargs) -> Iterator[StreamChunk]:
@@ -101,9 +106,10 @@ class LLM:
         return self._stream_ids(self.encode_chat(messages, tools, **template_kwargs),
                                 sampling_params or SamplingParams())
 
-    def _stream_ids(self, ids: list[int], params: SamplingParams) -> Iterator[StreamChunk]:
+    def _stream_ids(self, ids: list[int], params: SamplingParams,
+                    response_template: list[int | None] | None = None) -> Iterator[StreamChunk]:
         q: queue.Queue = queue.Queue()
-        request_id = self._loop.submit(ids, params, q.put)
+        request_id = self._loop.submit(ids, params, q.put, response_template=response_template)
 
         def chunks():
             finished = False
@@ -122,13 +128,14 @@ class LLM:
     # -- async --------------------------------------------------------------------------------
 
     async def agenerate(self, prompts=None, sampling_params: SamplingParams | None = None, *,
-                        prompt_token_ids=None) -> list[GenerationOutput]:
+                        prompt_token_ids=None, response_template=None) -> list[GenerationOutput]:
         """``generate`` without blocking the event loop."""
         params = sampling_params or SamplingParams()
         futures = []
         for ids in self._prompt_ids(prompts, prompt_token_ids):
             q = _AsyncQueue()
-            self._loop.submit(ids, params, _final_only(q.put), background=True)
+            self._loop.submit(ids, params, _final_only(q.put), background=True,
+                              response_template=response_template)
             futures.append(q.get())
         return [_unwrap(chunk) for chunk in await asyncio.gather(*futures)]
 
@@ -139,9 +146,11 @@ class LLM:
         return (await self.agenerate(prompt_token_ids=[ids], sampling_params=sampling_params))[0]
 
     async def astream(self, prompt: str | None = None, sampling_params: SamplingParams | None = None, *,
-                      prompt_token_ids: list[int] | None = None) -> AsyncIterator[StreamChunk]:
+                      prompt_token_ids: list[int] | None = None,
+                      response_template: list[int | None] | None = None) -> AsyncIterator[StreamChunk]:
+        """``stream`` without blocking the event loop."""
         ids = self._prompt_ids(prompt, None if prompt_token_ids is None else [prompt_token_ids])[0]
-        async for chunk in self._astream_ids(ids, sampling_params or SamplingParams()):
+        async for chunk in self._astream_ids(ids, sampling_params or SamplingParams(), response_template):
             yield chunk
 
     async def astream_chat(self, messages: list[dict], sampling_params: SamplingParams | None = None, *,
@@ -150,9 +159,10 @@ class LLM:
         async for chunk in self._astream_ids(ids, sampling_params or SamplingParams()):
             yield chunk
 
-    async def _astream_ids(self, ids: list[int], params: SamplingParams) -> AsyncIterator[StreamChunk]:
+    async def _astream_ids(self, ids: list[int], params: SamplingParams,
+                           response_template: list[int | None] | None = None) -> AsyncIterator[StreamChunk]:
         q = _AsyncQueue()
-        request_id = self._loop.submit(ids, params, q.put, background=True)
+        request_id = self._loop.submit(ids, params, q.put, background=True, response_template=response_template)
         finished = False
         try:
             while not finished:

@@ -34,10 +34,11 @@ class EngineLoop:
         self._thread: threading.Thread | None = None
 
     def submit(self, prompt_token_ids: list[int], params: SamplingParams, sink: Sink,
-               request_id: str | None = None, background: bool = False) -> str:
+               request_id: str | None = None, background: bool = False,
+               response_template: list[int | None] | None = None) -> str:
         """Queue a request (DLMError raised here, in the caller's thread, for bad input)."""
         with self._state:
-            seq = self.engine.add_request(prompt_token_ids, params, request_id)
+            seq = self.engine.add_request(prompt_token_ids, params, request_id, response_template)
             self._sinks[seq.request_id] = sink
         if background:
             with self._wake:

@@ -28,7 +28,8 @@ class Sequence:
     _ids = itertools.count()
 
     def __init__(self, prompt_token_ids: list[int], params: SamplingParams, sampler: Sampler,
-                 tokens: TokenInfo, request_id: str | None = None):
+                 tokens: TokenInfo, request_id: str | None = None,
+                 response_template: list[int | None] | None = None):
         self.seq_id = next(self._ids)
         self.request_id = request_id or f"dlm-{self.seq_id}"
         self.prompt_token_ids = list(prompt_token_ids)
@@ -36,7 +37,10 @@ class Sequence:
         self.sampler = sampler
         self.mask_id = tokens.mask_id
         self.stop_ids = frozenset() if params.ignore_eos else frozenset(tokens.eos_ids + tokens.eot_ids)
-        self.canvas = self.prompt_token_ids + [tokens.mask_id] * params.max_tokens
+        # A response template fixes some output tokens up front (None = free slot): a forced prefix,
+        # or a JSON skeleton whose value slots alone are denoised.
+        template = [tokens.mask_id if t is None else t for t in (response_template or [])]
+        self.canvas = self.prompt_token_ids + template + [tokens.mask_id] * (params.max_tokens - len(template))
         self.block_length = sampler.block_length(params)
         self.block_index = 0
         self.step_in_block = 0
@@ -51,6 +55,7 @@ class Sequence:
         self.first_token_time: float | None = None
         self.num_emitted = 0                   # generated tokens already streamed
         self.error: str | None = None
+        self._advance()
 
     # -- derived state ---------------------------------------------------------------------
 
@@ -116,6 +121,11 @@ class Sequence:
             self.canvas[pos] = tok
         self.num_forward_passes += 1
         self.step_in_block += 1
+        self._advance()
+
+    def _advance(self) -> None:
+        """Extend the committed prefix (finishing at a stop token or a full canvas) and move the
+        block cursor past blocks that have no masked slot left."""
         while self.prefix_end < self.length and self.canvas[self.prefix_end] != self.mask_id:
             if self.canvas[self.prefix_end] in self.stop_ids:
                 self.finish("stop", stop_reason=self.canvas[self.prefix_end], output_end=self.prefix_end)
@@ -123,7 +133,8 @@ class Sequence:
             self.prefix_end += 1
         if self.prefix_end == self.length:
             self.finish("length", output_end=self.length)
-        elif not self.masked_in_block:
+            return
+        while not self.masked_in_block:
             self.block_index += 1
             self.step_in_block = 0
             self.block_state = None
