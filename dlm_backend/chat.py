@@ -1,11 +1,26 @@
-"""Messages <-> prompt helpers shared by every front door: tool-call parsing for Hermes/Qwen output."""
+"""Messages <-> prompt, tool calls and structured output: the one implementation behind every
+front door (LangChain, LlamaIndex, LiteLLM, the OpenAI-compatible server).
+
+Front doors translate their framework's call into a :class:`ChatRequest` (OpenAI-style messages,
+tools, tool_choice, response_format, sampling parameters) and get back a :class:`ChatResult`, or
+:class:`ChatDelta` events while streaming.
+"""
 
 from __future__ import annotations
 
 import json
 import re
+import uuid
+from dataclasses import dataclass, field
+from typing import AsyncIterator, Iterator
+
+from dlm_backend.engine.outputs import GenerationOutput
+from dlm_backend.engine.params import SamplingParams
+from dlm_backend.errors import DLMError
+from dlm_backend.structured import JsonPlan, plan_json
 
 _TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
+OPEN, CLOSE = "<tool_call>", "</tool_call>"
 
 
 def parse_tool_calls(text: str) -> tuple[str, list[dict], list[str]]:
@@ -28,3 +43,245 @@ def parse_tool_calls(text: str) -> tuple[str, list[dict], list[str]]:
             bad.append(raw)
     content = _TOOL_CALL.sub("", text).strip()
     return content, calls, bad
+
+
+def _text(content) -> str:
+    """Message content as text: strings pass, OpenAI content-part lists are joined."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if isinstance(part, str):
+                parts.append(part)
+            elif isinstance(part, dict) and part.get("type") in ("text", "input_text", None) and "text" in part:
+                parts.append(part["text"])
+            else:
+                raise DLMError(f"Unsupported message content part {part.get('type') if isinstance(part, dict) else part!r}: "
+                               "this model reads text only. Send text content.")
+        return "\n".join(parts)
+    raise DLMError(f"Message content must be a string or a list of text parts, not {type(content).__name__}.")
+
+
+def normalize_messages(messages: list[dict]) -> list[dict]:
+    """OpenAI-style messages the chat templates can render: text content, tool calls with dict
+    arguments, tool results as ``role="tool"``. Roles are kept in the order the caller sent them."""
+    if not messages:
+        raise DLMError("messages is empty: send at least one message.")
+    out = []
+    for m in messages:
+        role = m.get("role")
+        if role == "developer":
+            role = "system"
+        if role not in ("system", "user", "assistant", "tool", "function"):
+            raise DLMError(f"Unknown message role {role!r}; use system, user, assistant or tool.")
+        msg = {"role": "tool" if role == "function" else role, "content": _text(m.get("content"))}
+        if m.get("tool_calls"):
+            calls = []
+            for call in m["tool_calls"]:
+                fn = call.get("function", call)
+                args = fn.get("arguments", {})
+                if isinstance(args, str):
+                    try:
+                        args = json.loads(args) if args.strip() else {}
+                    except ValueError as exc:
+                        raise DLMError(f"Tool call arguments for {fn.get('name')!r} are not valid JSON: {exc}.") from exc
+                calls.append({"id": call.get("id"), "type": "function",
+                              "function": {"name": fn["name"], "arguments": args}})
+            msg["tool_calls"] = calls
+        if m.get("tool_call_id"):
+            msg["tool_call_id"] = m["tool_call_id"]
+        if m.get("name"):
+            msg["name"] = m["name"]
+        out.append(msg)
+    return out
+
+
+def normalize_tools(tools: list[dict] | None) -> list[dict] | None:
+    """Tools in OpenAI function format, validated so a malformed schema fails with a clear message."""
+    if not tools:
+        return None
+    out = []
+    for tool in tools:
+        fn = tool.get("function", tool) if isinstance(tool, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
+            raise DLMError(f"Malformed tool {tool!r}: expected {{'type': 'function', 'function': "
+                           "{'name': ..., 'description': ..., 'parameters': {JSON schema}}}.")
+        params = fn.get("parameters", {"type": "object", "properties": {}})
+        if not isinstance(params, dict) or params.get("type", "object") != "object":
+            raise DLMError(f"Tool {fn['name']!r}: 'parameters' must be a JSON schema of type object.")
+        out.append({"type": "function", "function": {"name": fn["name"], "description": fn.get("description", ""),
+                                                      "parameters": params}})
+    return out
+
+
+def tool_choice_name(tool_choice, tools: list[dict] | None) -> str | None | bool:
+    """None/"auto": the model decides; "none": no tools; "any"/"required"/True: a call is forced
+    (returns True); a name or {"function": {"name"}}: that tool is forced (returns the name)."""
+    if tool_choice in (None, "auto", False):
+        return None
+    if tool_choice == "none":
+        return "none"
+    names = [t["function"]["name"] for t in tools or []]
+    if tool_choice in ("any", "required", True):
+        if not names:
+            raise DLMError("tool_choice requires a tool call but no tools were given; pass tools.")
+        return names[0] if len(names) == 1 else True
+    name = tool_choice.get("function", {}).get("name") if isinstance(tool_choice, dict) else tool_choice
+    if name not in names:
+        raise DLMError(f"tool_choice names {name!r}, which is not among the tools ({', '.join(names)}).")
+    return name
+
+
+TOOL_FALLBACK_PROMPT = (
+    "You can call these tools:\n{tools}\nTo call one, reply only with\n<tool_call>\n"
+    '{{"name": <tool name>, "arguments": <JSON object>}}\n</tool_call>')
+
+
+@dataclass
+class ChatRequest:
+    """A chat call as every front door describes it (OpenAI conventions)."""
+
+    messages: list[dict]
+    params: SamplingParams = field(default_factory=SamplingParams)
+    tools: list[dict] | None = None
+    tool_choice: object = None
+    response_format: dict | None = None
+
+
+@dataclass
+class ChatResult:
+    content: str
+    tool_calls: list[dict]                  # OpenAI format: {id, type, function: {name, arguments: str}}
+    finish_reason: str                      # stop | length | tool_calls | abort
+    output: GenerationOutput
+    parsed: object = None                   # the decoded JSON for response_format requests
+
+    @property
+    def usage(self) -> dict:
+        return self.output.usage
+
+
+@dataclass
+class ChatDelta:
+    """A streamed event: new content text, or one complete tool call; the last has ``result``."""
+
+    content: str = ""
+    tool_call: dict | None = None
+    index: int = 0
+    result: ChatResult | None = None
+
+
+class Prepared:
+    """The engine-level form of a ChatRequest: prompt ids, a response template, how to finish."""
+
+    def __init__(self, llm, request: ChatRequest):
+        self.llm, self.request = llm, request
+        tools = normalize_tools(request.tools)
+        forced = tool_choice_name(request.tool_choice, tools)
+        if forced == "none":
+            tools, forced = None, None
+        messages = normalize_messages(request.messages)
+        template = llm.tokenizer.chat_template or ""
+        if tools and "tools" not in template:           # e.g. LLaDA: describe the tools in a system turn
+            listing = "\n".join(json.dumps(t["function"]) for t in tools)
+            messages = [{"role": "system", "content": TOOL_FALLBACK_PROMPT.format(tools=listing)}] + messages
+            self.prompt_ids = llm.encode_chat(messages)
+        else:
+            self.prompt_ids = llm.encode_chat(messages, tools=tools)
+        self.tools, self.json_plan = tools, None
+        self.template = None
+        if forced:
+            prefix = OPEN + "\n" + ('{"name":' if forced is True else f'{{"name": "{forced}", "arguments":')
+            self.template = llm.tokenizer.encode(prefix)
+        elif request.response_format and request.response_format.get("type", "text") != "text":
+            self.json_plan: JsonPlan | None = plan_json(llm.tokenizer, request.response_format,
+                                                        request.params.max_tokens)
+            self.template = self.json_plan.template
+
+    def finish(self, output: GenerationOutput) -> ChatResult:
+        text = output.text or ""
+        if self.json_plan is not None:
+            parsed, content = self.json_plan.parse(self.llm.tokenizer, output.token_ids, text)
+            return ChatResult(content, [], output.finish_reason, output, parsed)
+        content, calls, _ = parse_tool_calls(text) if self.tools else (text, [], [])
+        tool_calls = [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+                       "function": {"name": c["name"], "arguments": json.dumps(c["arguments"], ensure_ascii=False)}}
+                      for c in calls]
+        reason = "tool_calls" if tool_calls else output.finish_reason
+        return ChatResult(content, tool_calls, reason, output)
+
+
+def complete(llm, request: ChatRequest) -> ChatResult:
+    """Run one chat request to the end."""
+    prep = Prepared(llm, request)
+    out = llm.generate(prompt_token_ids=[prep.prompt_ids], sampling_params=request.params,
+                       response_template=prep.template)[0]
+    return prep.finish(out)
+
+
+async def acomplete(llm, request: ChatRequest) -> ChatResult:
+    """``complete`` without blocking the event loop."""
+    prep = Prepared(llm, request)
+    out = (await llm.agenerate(prompt_token_ids=[prep.prompt_ids], sampling_params=request.params,
+                               response_template=prep.template))[0]
+    return prep.finish(out)
+
+
+class _Splitter:
+    """Turns committed text deltas into content deltas and whole tool calls, in order."""
+
+    def __init__(self, prep: Prepared):
+        self.prep, self.buffer, self.sent_calls = prep, "", 0
+        self.raw = prep.tools is not None and prep.json_plan is None
+
+    def feed(self, delta: str) -> list[ChatDelta]:
+        if not self.raw:            # JSON output streams as text; the final result carries `parsed`
+            return [ChatDelta(content=delta)] if delta else []
+        self.buffer += delta
+        events = []
+        while True:
+            start = self.buffer.find(OPEN)
+            if start == -1:
+                keep = next((n for n in range(len(OPEN) - 1, 0, -1) if self.buffer.endswith(OPEN[:n])), 0)
+                text, self.buffer = self.buffer[:len(self.buffer) - keep], self.buffer[len(self.buffer) - keep:]
+                if text:
+                    events.append(ChatDelta(content=text))
+                return events
+            if start:
+                events.append(ChatDelta(content=self.buffer[:start]))
+            end = self.buffer.find(CLOSE, start)
+            if end == -1:
+                self.buffer = self.buffer[start:]
+                return events
+            self.buffer = self.buffer[end + len(CLOSE):]
+
+    def close(self, result: ChatResult) -> list[ChatDelta]:
+        events = [ChatDelta(tool_call=call, index=i) for i, call in enumerate(result.tool_calls)]
+        return events + [ChatDelta(result=result)]
+
+
+def stream(llm, request: ChatRequest) -> Iterator[ChatDelta]:
+    """Content as it is committed, tool calls once complete, then the final result."""
+    prep = Prepared(llm, request)
+    splitter = _Splitter(prep)
+    for chunk in llm.stream(prompt_token_ids=prep.prompt_ids, sampling_params=request.params,
+                            response_template=prep.template):
+        yield from splitter.feed(chunk.delta_text)
+        if chunk.finished:
+            yield from splitter.close(prep.finish(chunk.output))
+
+
+async def astream(llm, request: ChatRequest) -> AsyncIterator[ChatDelta]:
+    """``stream`` without blocking the event loop."""
+    prep = Prepared(llm, request)
+    splitter = _Splitter(prep)
+    async for chunk in llm.astream(prompt_token_ids=prep.prompt_ids, sampling_params=request.params,
+                                   response_template=prep.template):
+        for event in splitter.feed(chunk.delta_text):
+            yield event
+        if chunk.finished:
+            for event in splitter.close(prep.finish(chunk.output)):
+                yield event

@@ -30,3 +30,120 @@ def test_unterminated_call_still_parses():
 
 def test_plain_text_has_no_calls():
     assert parse_tool_calls("Paris.") == ("Paris.", [], [])
+
+
+# -- the shared request path ----------------------------------------------------------------------
+
+import json  # noqa: E402
+
+import pytest  # noqa: E402
+
+from dlm_backend import LLM, DLMError, SamplingParams  # noqa: E402
+from dlm_backend.chat import (ChatRequest, Prepared, _Splitter, complete, normalize_messages,  # noqa: E402
+                              normalize_tools, stream, tool_choice_name)
+from dlm_backend.structured import plan_json, templatable  # noqa: E402
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather",
+                                            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}
+TIME = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}
+PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
+                                           "score": {"type": "number"}, "member": {"type": "boolean"},
+                                           "tier": {"enum": ["gold", "silver"]}}, "required": ["name"]}
+
+
+def test_normalize_messages_handles_framework_shapes():
+    msgs = normalize_messages([
+        {"role": "developer", "content": [{"type": "text", "text": "Be brief."}]},
+        {"role": "user", "content": "hi", "name": "bob"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"x": 1}'}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "42"},
+    ])
+    assert msgs[0] == {"role": "system", "content": "Be brief."}
+    assert msgs[2]["tool_calls"][0]["function"]["arguments"] == {"x": 1}
+    assert msgs[3]["tool_call_id"] == "c1" and msgs[1]["name"] == "bob"
+
+
+@pytest.mark.parametrize("bad,match", [
+    ([], "empty"),
+    ([{"role": "wizard", "content": "x"}], "Unknown message role"),
+    ([{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}], "text only"),
+    ([{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "{oops"}}]}], "not valid JSON"),
+])
+def test_bad_messages_are_clear_errors(bad, match):
+    with pytest.raises(DLMError, match=match):
+        normalize_messages(bad)
+
+
+def test_tools_and_tool_choice():
+    assert normalize_tools([WEATHER])[0]["function"]["name"] == "get_weather"
+    with pytest.raises(DLMError, match="Malformed tool"):
+        normalize_tools([{"type": "function", "function": {"description": "no name"}}])
+    with pytest.raises(DLMError, match="type object"):
+        normalize_tools([{"type": "function", "function": {"name": "f", "parameters": {"type": "array"}}}])
+    tools = normalize_tools([WEATHER, TIME])
+    assert tool_choice_name("auto", tools) is None and tool_choice_name("none", tools) == "none"
+    assert tool_choice_name("any", tools) is True and tool_choice_name("any", tools[:1]) == "get_weather"
+    assert tool_choice_name({"type": "function", "function": {"name": "get_time"}}, tools) == "get_time"
+    with pytest.raises(DLMError, match="not among the tools"):
+        tool_choice_name("nope", tools)
+
+
+def test_template_without_tools_gets_a_tool_prompt(llada_chat):
+    llm = LLM(str(llada_chat))
+    prep = Prepared(llm, ChatRequest([{"role": "user", "content": "weather?"}], tools=[WEATHER]))
+    text = llm.tokenizer.decode(prep.prompt_ids, skip_special_tokens=False)
+    assert "get_weather" in text and "<tool_call>" in text
+
+
+def test_forced_tool_choice_writes_the_call_prefix(dream_chat):
+    llm = LLM(str(dream_chat))
+    req = ChatRequest([{"role": "user", "content": "weather?"}], SamplingParams(max_tokens=64, block_length=8),
+                      tools=[WEATHER, TIME], tool_choice="get_time")
+    result = complete(llm, req)
+    assert result.output.text.startswith('<tool_call>\n{"name": "get_time", "arguments":')
+
+
+def test_json_skeleton_always_matches_the_schema(dream_chat):
+    """Even an untrained model's answer parses and has exactly the schema's keys and types."""
+    llm = LLM(str(dream_chat))
+    assert templatable(PERSON)
+    fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}
+    for sampler in ("llada", "threshold"):
+        req = ChatRequest([{"role": "user", "content": "Bob is 3."}],
+                          SamplingParams(sampler=sampler, max_tokens=96, block_length=16, cache="dual"),
+                          response_format=fmt)
+        result = complete(llm, req)
+        obj = result.parsed
+        assert set(obj) == set(PERSON["properties"])
+        assert isinstance(obj["name"], str) and isinstance(obj["age"], int)
+        assert isinstance(obj["score"], (int, float)) and isinstance(obj["member"], bool)
+        assert obj["tier"] in ("gold", "silver")
+        assert json.loads(result.content) == obj
+
+
+def test_json_skeleton_fixes_keys_in_the_canvas(dream_chat):
+    tok = LLM(str(dream_chat)).tokenizer
+    plan = plan_json(tok, {"type": "json_schema", "json_schema": {"schema": PERSON}}, 128)
+    fixed = tok.decode([t for t in plan.template if t is not None])
+    assert fixed.startswith('{"name": "') and '", "age":' in fixed and fixed.endswith('"}')
+    with pytest.raises(DLMError, match="raise max_tokens"):
+        plan_json(tok, {"type": "json_schema", "json_schema": {"schema": PERSON}}, 10)
+    nested = {"type": "object", "properties": {"a": {"type": "array"}}}
+    assert plan_json(tok, {"type": "json_schema", "json_schema": {"schema": nested}}, 64).slots == []
+
+
+def test_stream_splits_content_and_tool_calls(dream_chat):
+    class FakePrep:
+        tools, json_plan = [WEATHER], None
+
+    s = _Splitter(FakePrep())
+    events = []
+    for piece in ["Sure. <tool", "_call>\n{\"name\": \"get_weather\", ", "\"arguments\": {}}\n</tool_call>", " done"]:
+        events += s.feed(piece)
+    assert "".join(e.content for e in events) == "Sure.  done"
+    llm = LLM(str(dream_chat))
+    params = SamplingParams(sampler="llada", max_tokens=16, block_length=8, ignore_eos=True)
+    deltas = list(stream(llm, ChatRequest([{"role": "user", "content": "hi"}], params)))
+    assert deltas[-1].result is not None
+    assert "".join(d.content for d in deltas) == deltas[-1].result.content

@@ -1,0 +1,124 @@
+"""Structured output: a JSON skeleton written into the canvas, only the value slots denoised.
+
+For an object schema whose properties are strings, numbers, integers, booleans or enums, the keys,
+quotes and punctuation are fixed tokens of the response template and each value gets a run of free
+slots. Diffusion fills the slots with the whole skeleton in view, and each value is read from its
+slot up to its closing delimiter and coerced to the property's type, so the result always parses
+and has exactly the schema's keys and types. Other schemas (nested objects, arrays) and
+``json_object`` get a ``{"`` prefix and are validated after generation.
+
+Pieces are tokenised on the boundaries byte-level BPE uses for JSON (``{"``, ``":``, `` "``, ``",``),
+so the fixed tokens are the ones the model itself writes.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+
+from dlm_backend.errors import DLMError
+
+STRING_SLOTS = 8
+NUMBER_SLOTS = 3
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?")
+
+
+@dataclass(frozen=True)
+class Slot:
+    key: str
+    kind: str          # string | integer | number | boolean | enum
+    start: int         # token range in the response
+    end: int
+
+
+@dataclass
+class JsonPlan:
+    """The response template of a structured-output request and how to read the answer back."""
+
+    template: list[int | None]
+    schema: dict | None
+    slots: list[Slot] = field(default_factory=list)
+
+    def parse(self, tokenizer, token_ids: list[int], text: str) -> tuple[object, str]:
+        """(parsed value or None, JSON text)."""
+        if not self.slots:
+            return loads_lenient(text), text
+        props = self.schema["properties"]
+        out = {}
+        for slot in self.slots:
+            raw = tokenizer.decode(token_ids[slot.start:slot.end])
+            out[slot.key] = _coerce(raw, slot.kind, props[slot.key])
+        return out, json.dumps(out, ensure_ascii=False)
+
+
+def _coerce(raw: str, kind: str, prop: dict):
+    if kind == "string":
+        value = raw.split('"')[0].strip()
+        if "enum" in prop and value not in prop["enum"]:
+            value = min(prop["enum"], key=lambda v: _distance(str(v), value))
+        return value
+    if kind == "boolean":
+        return raw.strip().lower().startswith("t")
+    m = _NUMBER.search(raw)
+    number = float(m.group()) if m else 0.0
+    if kind == "enum":
+        return min(prop["enum"], key=lambda v: abs(float(v) - number))
+    return int(number) if kind == "integer" or number.is_integer() else number
+
+
+def _distance(a: str, b: str) -> int:
+    return sum(x != y for x, y in zip(a, b)) + abs(len(a) - len(b))
+
+
+def loads_lenient(text: str):
+    """JSON from model text: the whole text, else its outermost {...}; None when neither parses."""
+    for candidate in (text, text[text.find("{"):text.rfind("}") + 1] if "{" in text else ""):
+        try:
+            return json.loads(candidate)
+        except ValueError:
+            continue
+    return None
+
+
+def templatable(schema: dict) -> bool:
+    props = schema.get("properties")
+    return (schema.get("type", "object") == "object" and isinstance(props, dict) and bool(props)
+            and all(isinstance(p, dict) and (p.get("type") in ("string", "integer", "number", "boolean")
+                                             or "enum" in p) for p in props.values()))
+
+
+def schema_of(response_format: dict) -> dict | None:
+    """The JSON schema of an OpenAI ``response_format`` (None for ``json_object``)."""
+    kind = response_format.get("type")
+    if kind == "json_object":
+        return None
+    if kind == "json_schema":
+        spec = response_format.get("json_schema") or {}
+        schema = spec.get("schema") if isinstance(spec, dict) else None
+        if not isinstance(schema, dict):
+            raise DLMError("response_format json_schema needs {'json_schema': {'name': ..., 'schema': {...}}}.")
+        return schema
+    raise DLMError(f"response_format type {kind!r} is not supported; use 'json_object' or 'json_schema'.")
+
+
+def plan_json(tokenizer, response_format: dict, max_tokens: int) -> JsonPlan:
+    """Skeleton template for a templatable schema, else a ``{"`` prefix."""
+    schema = schema_of(response_format)
+    if schema is None or not templatable(schema):
+        return JsonPlan(tokenizer.encode('{"'), schema)
+    template: list[int | None] = []
+    slots: list[Slot] = []
+    for key, prop in schema["properties"].items():
+        kind = "enum" if "enum" in prop else prop["type"]
+        quoted = kind == "string" or (kind == "enum" and all(isinstance(v, str) for v in prop["enum"]))
+        lead = '{"' if not slots else ('", "' if slots[-1].kind == "string" else ', "')
+        template += tokenizer.encode(lead + json.dumps(key)[1:-1] + '":' + (' "' if quoted else ""))
+        n = STRING_SLOTS if quoted else NUMBER_SLOTS
+        slots.append(Slot(key, "string" if quoted else kind, len(template), len(template) + n))
+        template += [None] * n
+    template += tokenizer.encode('"}' if slots[-1].kind == "string" else "}")
+    if len(template) > max_tokens:
+        raise DLMError(f"The JSON schema needs {len(template)} tokens of skeleton and value slots; "
+                       f"raise max_tokens (now {max_tokens}).")
+    return JsonPlan(template, schema, slots)
