@@ -6,5 +6,9 @@ from dlm_backend.engine.params import SamplingParams
 from dlm_backend.errors import DLMError
 from dlm_backend.hookspecs import hookimpl
 
+from dlm_backend.adapters import install_litellm_hook
+
+install_litellm_hook()
+
 __version__ = "0.1.0"
 __all__ = ["LLM", "SamplingParams", "GenerationOutput", "StreamChunk", "DLMError", "hookimpl"]

@@ -91,6 +91,18 @@ def cmd_chat(args) -> int:
         messages.append({"role": "assistant", "content": reply})
 
 
+def cmd_serve(args) -> int:
+    import uvicorn
+
+    from dlm_backend.server import create_app
+
+    app = create_app(args.model, served_name=args.served_model_name, device=args.device)
+    if not args.lazy:
+        app.state.llm()           # load before accepting connections
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    return 0
+
+
 def cmd_models(args) -> int:
     from dlm_backend.engine.models.registry import supported_architectures
 
@@ -123,6 +135,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--system", default=None, help="system message")
     _add_sampling_args(p)
     p.set_defaults(func=cmd_chat)
+    p = sub.add_parser("serve", help="OpenAI-compatible HTTP server (127.0.0.1 unless told otherwise)")
+    _add_model_args(p)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--served-model-name", default=None)
+    p.add_argument("--lazy", action="store_true", help="load the model on the first request")
+    p.set_defaults(func=cmd_serve)
     sub.add_parser("models", help="list supported architectures").set_defaults(func=cmd_models)
     sub.add_parser("plugins", help="list loaded plugins and samplers").set_defaults(func=cmd_plugins)
     load_plugins().hook.register_commands(subparsers=sub)

@@ -1,0 +1,213 @@
+"""LangChain chat model: ``from dlm_backend.adapters.langchain import ChatDLM``.
+
+Install with ``pip install "dlm_backend[langchain]"``. Construction never loads weights; the engine
+loads on the first call and is shared by every ChatDLM naming the same model.
+"""
+
+from __future__ import annotations
+
+from operator import itemgetter
+from typing import Any, AsyncIterator, Iterator, Literal
+
+from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
+from langchain_core.language_models import BaseChatModel, LanguageModelInput
+from langchain_core.language_models.chat_models import LangSmithParams
+from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage, convert_to_openai_messages
+from langchain_core.messages.ai import UsageMetadata
+from langchain_core.output_parsers import JsonOutputKeyToolsParser, JsonOutputParser, PydanticToolsParser
+from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
+from langchain_core.runnables import Runnable, RunnableMap, RunnablePassthrough
+from langchain_core.tools import BaseTool
+from langchain_core.utils.function_calling import convert_to_json_schema, convert_to_openai_tool
+from pydantic import BaseModel, ConfigDict, Field
+
+from dlm_backend import chat
+from dlm_backend.adapters.common import engine, sampling_params
+from dlm_backend.engine.loader import default_model
+
+
+class ChatDLM(BaseChatModel):
+    """A masked-diffusion model (LLaDA, Dream, dlm-tiny) as a LangChain chat model.
+
+    Supports invoke/stream/batch and their async forms, ``bind_tools`` with ``tool_choice``,
+    ``with_structured_output`` (json_schema, function_calling, json_mode) and the diffusion knobs
+    (``steps``, ``block_length``, ``sampler``, ``threshold``, ``kv_cache``) as fields, or per call
+    (``cache=`` per call selects the KV cache mode).
+    """
+
+    model_config = ConfigDict(populate_by_name=True, protected_namespaces=())
+
+    model: str | None = Field(default=None, alias="model_name")
+    """Checkpoint folder or hub id; default ``$DLM_MODEL`` or the embedded dlm-tiny."""
+    device: str | None = None
+    temperature: float = 0.0
+    max_tokens: int = 256
+    stop: list[str] | None = Field(default=None, alias="stop_sequences")
+    streaming: bool = False
+    seed: int | None = None
+    steps: int | None = None
+    block_length: int | None = 32
+    sampler: str = "threshold"
+    threshold: float = 0.9
+    kv_cache: str = "dual"
+    """Diffusion KV cache mode (none/prefix/dual); ``cache`` itself is LangChain's response cache."""
+    timeout: float | None = None
+    max_retries: int = 0
+    api_key: str | None = None
+    """Accepted for interface compatibility; a local engine needs no key."""
+
+    @property
+    def _llm_type(self) -> str:
+        return "dlm"
+
+    @property
+    def model_name(self) -> str:
+        return self.model or default_model()
+
+    @property
+    def _identifying_params(self) -> dict[str, Any]:
+        return {"model": self.model_name, "sampler": self.sampler, "threshold": self.threshold,
+                "block_length": self.block_length, "steps": self.steps, "kv_cache": self.kv_cache,
+                "temperature": self.temperature, "max_tokens": self.max_tokens}
+
+    def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
+        params = super()._get_ls_params(stop=stop, **kwargs)
+        params["ls_model_name"] = kwargs.get("model") or self.model_name
+        params["ls_max_tokens"] = kwargs.get("max_tokens", self.max_tokens)
+        params["ls_temperature"] = kwargs.get("temperature", self.temperature)
+        if stop or self.stop:
+            params["ls_stop"] = stop or self.stop
+        return params
+
+    def _resolve_model_profile(self):
+        return {"max_input_tokens": 2048, "max_output_tokens": 1024, "tool_calling": True,
+                "tool_choice": True, "tool_call_streaming": True, "structured_output": True,
+                "text_inputs": True, "text_outputs": True}
+
+    def get_token_ids(self, text: str) -> list[int]:
+        return engine(self.model, self.device).tokenizer.encode(text)
+
+    # -- request building ---------------------------------------------------------------------
+
+    def _request(self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict):
+        model = kwargs.pop("model", None) or self.model
+        fields = {k: getattr(self, k) for k in ("temperature", "max_tokens", "stop", "seed", "steps",
+                                                 "block_length", "sampler", "threshold")}
+        fields["cache"] = self.kv_cache
+        if stop is not None:
+            kwargs["stop"] = stop
+        request = chat.ChatRequest(
+            messages=convert_to_openai_messages(messages), params=sampling_params(fields, kwargs),
+            tools=kwargs.get("tools"), tool_choice=kwargs.get("tool_choice"),
+            response_format=kwargs.get("response_format"))
+        return engine(model, self.device), request, model or self.model_name
+
+    @staticmethod
+    def _message(result: chat.ChatResult, model: str) -> AIMessage:
+        return AIMessage(
+            content=result.content,
+            tool_calls=[{"name": c["function"]["name"], "args": _args(c), "id": c["id"], "type": "tool_call"}
+                        for c in result.tool_calls],
+            usage_metadata=_usage(result),
+            response_metadata=_metadata(result, model))
+
+    def _generate(self, messages: list[BaseMessage], stop: list[str] | None = None,
+                  run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any) -> ChatResult:
+        llm, request, model = self._request(messages, stop, kwargs)
+        return ChatResult(generations=[ChatGeneration(message=self._message(chat.complete(llm, request), model))])
+
+    async def _agenerate(self, messages: list[BaseMessage], stop: list[str] | None = None,
+                         run_manager: AsyncCallbackManagerForLLMRun | None = None, **kwargs: Any) -> ChatResult:
+        llm, request, model = self._request(messages, stop, kwargs)
+        result = await chat.acomplete(llm, request)
+        return ChatResult(generations=[ChatGeneration(message=self._message(result, model))])
+
+    def _chunk(self, delta: chat.ChatDelta, model: str) -> ChatGenerationChunk:
+        if delta.result is not None:
+            msg = AIMessageChunk(content="", usage_metadata=_usage(delta.result),
+                                 response_metadata=_metadata(delta.result, model), chunk_position="last")
+        elif delta.tool_call is not None:
+            fn = delta.tool_call["function"]
+            msg = AIMessageChunk(content="", tool_call_chunks=[{"name": fn["name"], "args": fn["arguments"],
+                                                                 "id": delta.tool_call["id"], "index": delta.index,
+                                                                 "type": "tool_call_chunk"}])
+        else:
+            msg = AIMessageChunk(content=delta.content)
+        return ChatGenerationChunk(message=msg)
+
+    def _stream(self, messages: list[BaseMessage], stop: list[str] | None = None,
+                run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any) -> Iterator[ChatGenerationChunk]:
+        llm, request, model = self._request(messages, stop, kwargs)
+        for delta in chat.stream(llm, request):
+            chunk = self._chunk(delta, model)
+            if run_manager and delta.content:
+                run_manager.on_llm_new_token(delta.content, chunk=chunk)
+            yield chunk
+
+    async def _astream(self, messages: list[BaseMessage], stop: list[str] | None = None,
+                       run_manager: AsyncCallbackManagerForLLMRun | None = None,
+                       **kwargs: Any) -> AsyncIterator[ChatGenerationChunk]:
+        llm, request, model = self._request(messages, stop, kwargs)
+        async for delta in chat.astream(llm, request):
+            chunk = self._chunk(delta, model)
+            if run_manager and delta.content:
+                await run_manager.on_llm_new_token(delta.content, chunk=chunk)
+            yield chunk
+
+    # -- tools and structured output ---------------------------------------------------------
+
+    def bind_tools(self, tools: list[dict | type | Any | BaseTool], *,
+                   tool_choice: dict | str | bool | None = None, **kwargs: Any) -> Runnable[LanguageModelInput, AIMessage]:
+        """Offer ``tools``; ``tool_choice`` is "auto", "any"/"required", "none", a tool name or a dict."""
+        formatted = [convert_to_openai_tool(t) for t in tools]
+        return self.bind(tools=formatted, tool_choice=tool_choice, **kwargs)
+
+    def with_structured_output(self, schema: dict | type | None = None, *,
+                               method: Literal["json_schema", "function_calling", "json_mode"] = "json_schema",
+                               include_raw: bool = False, strict: bool | None = None,
+                               **kwargs: Any) -> Runnable[LanguageModelInput, dict | BaseModel]:
+        """Answers parsed into ``schema``; ``json_schema`` writes the JSON skeleton into the canvas."""
+        is_model = isinstance(schema, type) and issubclass(schema, BaseModel)
+        ls_format = {"kwargs": {"method": method}, "schema": schema}
+        if method == "function_calling":
+            tool = convert_to_openai_tool(schema)
+            name = tool["function"]["name"]
+            llm = self.bind_tools([schema], tool_choice=name, ls_structured_output_format=ls_format, **kwargs)
+            parser = (PydanticToolsParser(tools=[schema], first_tool_only=True) if is_model
+                      else JsonOutputKeyToolsParser(key_name=name, first_tool_only=True))
+        else:
+            if method == "json_schema":
+                if schema is None:
+                    raise ValueError("method='json_schema' needs a schema.")
+                json_schema = convert_to_json_schema(schema)
+                fmt = {"type": "json_schema", "json_schema": {"name": json_schema.get("title", "output"),
+                                                               "schema": json_schema}}
+            else:
+                fmt = {"type": "json_object"}
+            llm = self.bind(response_format=fmt, ls_structured_output_format=ls_format, **kwargs)
+            parser = _PydanticJson(schema) if is_model else JsonOutputParser()
+        if not include_raw:
+            return llm | parser
+        parsed = RunnablePassthrough.assign(parsed=itemgetter("raw") | parser, parsing_error=lambda _: None)
+        fallback = RunnablePassthrough.assign(parsed=lambda _: None)
+        return RunnableMap(raw=llm) | parsed.with_fallbacks([fallback], exception_key="parsing_error")
+
+
+def _PydanticJson(schema: type[BaseModel]) -> Runnable:
+    return JsonOutputParser() | (lambda obj: schema.model_validate(obj))
+
+
+def _args(call: dict) -> dict:
+    import json
+    return json.loads(call["function"]["arguments"])
+
+
+def _usage(result: chat.ChatResult) -> UsageMetadata:
+    u = result.usage
+    return {"input_tokens": u["prompt_tokens"], "output_tokens": u["completion_tokens"],
+            "total_tokens": u["total_tokens"]}
+
+
+def _metadata(result: chat.ChatResult, model: str) -> dict:
+    return {"model_name": model, "model_provider": "dlm", "finish_reason": result.finish_reason,
+            "num_forward_passes": result.output.num_forward_passes}

@@ -1,0 +1,120 @@
+"""LiteLLM custom provider: ``litellm.completion(model="dlm/<model>", ...)`` after ``import dlm_backend.adapters.litellm``.
+
+Install with ``pip install "dlm_backend[litellm]"``. ``dlm/default`` (or ``dlm/dlm-tiny``) is the
+embedded model; ``dlm/<folder or hub id>`` any other. Diffusion knobs (``steps``, ``block_length``,
+``sampler``, ``threshold``, ``cache``) pass as extra keyword arguments. For the LiteLLM proxy::
+
+    litellm_settings:
+      custom_provider_map:
+        - {"provider": "dlm", "custom_handler": dlm_backend.adapters.litellm.provider}
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, AsyncIterator, Iterator
+
+import litellm
+from litellm.llms.custom_llm import CustomLLM
+from litellm.types.utils import Choices, GenericStreamingChunk, Message, ModelResponse, Usage
+
+from dlm_backend import chat
+from dlm_backend.adapters.common import KNOBS, engine, sampling_params
+from dlm_backend.engine.loader import EMBEDDED_MODEL
+
+PROVIDER = "dlm"
+DEFAULT_ALIASES = ("default", "dlm-tiny")
+
+
+def _model_path(model: str) -> str | None:
+    name = model.split("/", 1)[1] if model.startswith(PROVIDER + "/") else model
+    return None if name in DEFAULT_ALIASES else name
+
+
+def _request(model: str, messages: list, optional_params: dict) -> tuple:
+    params = dict(optional_params)
+    extra = params.pop("extra_body", None) or {}
+    params.update(extra)
+    if "max_completion_tokens" in params:
+        params.setdefault("max_tokens", params.pop("max_completion_tokens"))
+    sampling = sampling_params({"max_tokens": 256, "block_length": 32, "cache": "dual"},
+                               {k: v for k, v in params.items() if k in KNOBS or k == "gen_length"})
+    request = chat.ChatRequest(messages, sampling, tools=params.get("tools"), tool_choice=params.get("tool_choice"),
+                               response_format=params.get("response_format"))
+    return engine(_model_path(model)), request
+
+
+def _fill(model_response: ModelResponse, result: chat.ChatResult, model: str) -> ModelResponse:
+    message = Message(content=result.content or None if result.tool_calls else result.content,
+                      tool_calls=result.tool_calls or None, role="assistant")
+    model_response.choices = [Choices(message=message, finish_reason=result.finish_reason, index=0)]
+    model_response.model = model
+    model_response.created = int(time.time())
+    u = result.usage
+    model_response.usage = Usage(prompt_tokens=u["prompt_tokens"], completion_tokens=u["completion_tokens"],
+                                 total_tokens=u["total_tokens"])
+    return model_response
+
+
+def _chunk(delta: chat.ChatDelta) -> GenericStreamingChunk:
+    chunk: GenericStreamingChunk = {"text": delta.content, "is_finished": False, "finish_reason": "",
+                                    "usage": None, "index": 0, "tool_use": None}
+    if delta.tool_call is not None:
+        chunk["tool_use"] = {"id": delta.tool_call["id"], "type": "function", "index": delta.index,
+                             "function": dict(delta.tool_call["function"])}
+    if delta.result is not None:
+        u = delta.result.usage
+        chunk.update(is_finished=True, finish_reason=delta.result.finish_reason,
+                     usage={"prompt_tokens": u["prompt_tokens"], "completion_tokens": u["completion_tokens"],
+                            "total_tokens": u["total_tokens"]})
+    return chunk
+
+
+class DLMProvider(CustomLLM):
+    """The handler LiteLLM calls for ``dlm/...`` model strings."""
+
+    def completion(self, model: str, messages: list, api_base: str | None = None, custom_prompt_dict=None,
+                   model_response: ModelResponse | None = None, print_verbose=None, encoding=None,
+                   api_key=None, logging_obj=None, optional_params: dict | None = None, **kwargs: Any) -> ModelResponse:
+        llm, request = _request(model, messages, optional_params or {})
+        return _fill(model_response or ModelResponse(), chat.complete(llm, request), model)
+
+    async def acompletion(self, model: str, messages: list, api_base: str | None = None, custom_prompt_dict=None,
+                          model_response: ModelResponse | None = None, print_verbose=None, encoding=None,
+                          api_key=None, logging_obj=None, optional_params: dict | None = None,
+                          **kwargs: Any) -> ModelResponse:
+        llm, request = _request(model, messages, optional_params or {})
+        return _fill(model_response or ModelResponse(), await chat.acomplete(llm, request), model)
+
+    def streaming(self, model: str, messages: list, api_base: str | None = None, custom_prompt_dict=None,
+                  model_response: ModelResponse | None = None, print_verbose=None, encoding=None, api_key=None,
+                  logging_obj=None, optional_params: dict | None = None, **kwargs: Any) -> Iterator[GenericStreamingChunk]:
+        llm, request = _request(model, messages, optional_params or {})
+        for delta in chat.stream(llm, request):
+            yield _chunk(delta)
+
+    async def astreaming(self, model: str, messages: list, api_base: str | None = None, custom_prompt_dict=None,
+                         model_response: ModelResponse | None = None, print_verbose=None, encoding=None,
+                         api_key=None, logging_obj=None, optional_params: dict | None = None,
+                         **kwargs: Any) -> AsyncIterator[GenericStreamingChunk]:
+        llm, request = _request(model, messages, optional_params or {})
+        async for delta in chat.astream(llm, request):
+            yield _chunk(delta)
+
+
+provider = DLMProvider()
+
+
+def register() -> None:
+    """Route ``dlm/...`` to this provider and declare the embedded model's capabilities (idempotent)."""
+    entries = litellm.custom_provider_map or []
+    if not any(e.get("provider") == PROVIDER for e in entries):
+        litellm.custom_provider_map = [*entries, {"provider": PROVIDER, "custom_handler": provider}]
+    capabilities = {"max_input_tokens": 2048, "max_output_tokens": 1024, "litellm_provider": PROVIDER,
+                    "mode": "chat", "supports_function_calling": True, "supports_tool_choice": True,
+                    "supports_response_schema": True, "input_cost_per_token": 0.0, "output_cost_per_token": 0.0}
+    litellm.register_model({f"{PROVIDER}/{alias}": dict(capabilities) for alias in DEFAULT_ALIASES})
+
+
+register()
+__all__ = ["DLMProvider", "provider", "register", "EMBEDDED_MODEL"]

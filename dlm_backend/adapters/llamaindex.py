@@ -1,0 +1,194 @@
+"""LlamaIndex LLM: ``Settings.llm = DLM()`` (``from dlm_backend.adapters.llamaindex import DLM``).
+
+Install with ``pip install "dlm_backend[llamaindex]"``. A ``FunctionCallingLLM``, so query engines,
+chat engines and ``FunctionAgent`` use it directly; the engine loads on first use.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Sequence
+
+from llama_index.core.base.llms.types import (ChatMessage, ChatResponse, ChatResponseAsyncGen, ChatResponseGen,
+                                              CompletionResponse, CompletionResponseAsyncGen,
+                                              CompletionResponseGen, LLMMetadata, MessageRole, TextBlock,
+                                              ToolCallBlock)
+from llama_index.core.bridge.pydantic import Field, PrivateAttr
+from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
+from llama_index.core.llms.function_calling import FunctionCallingLLM
+from llama_index.core.llms.llm import ToolSelection
+
+from dlm_backend import chat
+from dlm_backend.adapters.common import engine, sampling_params
+from dlm_backend.engine.loader import default_model
+
+
+class DLM(FunctionCallingLLM):
+    """A masked-diffusion model as a LlamaIndex function-calling LLM."""
+
+    model: str | None = Field(default=None, description="checkpoint folder or hub id (default: dlm-tiny)")
+    device: str | None = Field(default=None)
+    temperature: float = Field(default=0.0)
+    max_tokens: int = Field(default=256)
+    sampler: str = Field(default="threshold")
+    threshold: float = Field(default=0.9)
+    block_length: int | None = Field(default=32)
+    steps: int | None = Field(default=None)
+    cache: str = Field(default="dual")
+    seed: int | None = Field(default=None)
+    additional_kwargs: dict[str, Any] = Field(default_factory=dict, description="more SamplingParams fields")
+    _context_window: int | None = PrivateAttr(default=None)
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "DLM"
+
+    @property
+    def _llm(self):
+        return engine(self.model, self.device)
+
+    @property
+    def metadata(self) -> LLMMetadata:
+        if self._context_window is None:     # reading it loads the engine, once
+            self._context_window = self._llm.engine.max_model_len - self.max_tokens
+        return LLMMetadata(context_window=self._context_window, num_output=self.max_tokens,
+                           is_chat_model=True, is_function_calling_model=True,
+                           model_name=self.model or default_model())
+
+    # -- request building ---------------------------------------------------------------------
+
+    def _request(self, messages: Sequence[ChatMessage], kwargs: dict) -> chat.ChatRequest:
+        fields = {k: getattr(self, k) for k in ("temperature", "max_tokens", "sampler", "threshold",
+                                                 "block_length", "steps", "cache", "seed")}
+        params = sampling_params({**fields, **self.additional_kwargs}, kwargs)
+        return chat.ChatRequest([_to_openai(m) for m in messages], params, tools=kwargs.get("tools"),
+                                tool_choice=kwargs.get("tool_choice"), response_format=kwargs.get("response_format"))
+
+    @staticmethod
+    def _response(result: chat.ChatResult) -> ChatResponse:
+        blocks: list = [TextBlock(text=result.content)] if result.content else []
+        blocks += [ToolCallBlock(tool_call_id=c["id"], tool_name=c["function"]["name"],
+                                 tool_kwargs=json.loads(c["function"]["arguments"])) for c in result.tool_calls]
+        message = ChatMessage(role=MessageRole.ASSISTANT, blocks=blocks or [TextBlock(text="")])
+        raw = {"usage": result.usage, "finish_reason": result.finish_reason,
+               "num_forward_passes": result.output.num_forward_passes}
+        return ChatResponse(message=message, raw=raw)
+
+    @llm_chat_callback()
+    def chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
+        return self._response(chat.complete(self._llm, self._request(messages, kwargs)))
+
+    @llm_chat_callback()
+    async def achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
+        return self._response(await chat.acomplete(self._llm, self._request(messages, kwargs)))
+
+    @llm_chat_callback()
+    def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
+        request = self._request(messages, kwargs)
+
+        def gen() -> ChatResponseGen:
+            text = ""
+            for delta in chat.stream(self._llm, request):
+                if delta.result is not None:
+                    final = self._response(delta.result)
+                    yield ChatResponse(message=final.message, delta="", raw=final.raw)
+                elif delta.content:
+                    text += delta.content
+                    yield ChatResponse(message=ChatMessage(role=MessageRole.ASSISTANT, content=text),
+                                       delta=delta.content)
+        return gen()
+
+    @llm_chat_callback()
+    async def astream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseAsyncGen:
+        request = self._request(messages, kwargs)
+
+        async def gen() -> ChatResponseAsyncGen:
+            text = ""
+            async for delta in chat.astream(self._llm, request):
+                if delta.result is not None:
+                    final = self._response(delta.result)
+                    yield ChatResponse(message=final.message, delta="", raw=final.raw)
+                elif delta.content:
+                    text += delta.content
+                    yield ChatResponse(message=ChatMessage(role=MessageRole.ASSISTANT, content=text),
+                                       delta=delta.content)
+        return gen()
+
+    # Completion goes through the chat template too: instruct checkpoints answer in chat form.
+    @llm_completion_callback()
+    def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
+        r = self.chat([ChatMessage(role=MessageRole.USER, content=prompt)], **kwargs)
+        return CompletionResponse(text=r.message.content or "", raw=r.raw)
+
+    @llm_completion_callback()
+    async def acomplete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
+        r = await self.achat([ChatMessage(role=MessageRole.USER, content=prompt)], **kwargs)
+        return CompletionResponse(text=r.message.content or "", raw=r.raw)
+
+    @llm_completion_callback()
+    def stream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseGen:
+        def gen() -> CompletionResponseGen:
+            for r in self.stream_chat([ChatMessage(role=MessageRole.USER, content=prompt)], **kwargs):
+                yield CompletionResponse(text=r.message.content or "", delta=r.delta, raw=r.raw)
+        return gen()
+
+    @llm_completion_callback()
+    async def astream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseAsyncGen:
+        async def gen() -> CompletionResponseAsyncGen:
+            async for r in await self.astream_chat([ChatMessage(role=MessageRole.USER, content=prompt)], **kwargs):
+                yield CompletionResponse(text=r.message.content or "", delta=r.delta, raw=r.raw)
+        return gen()
+
+    # -- tools -------------------------------------------------------------------------------
+
+    def _prepare_chat_with_tools(self, tools: Sequence[Any], user_msg: str | ChatMessage | None = None,
+                                 chat_history: list[ChatMessage] | None = None, verbose: bool = False,
+                                 allow_parallel_tool_calls: bool = False, tool_required: bool = False,
+                                 **kwargs: Any) -> dict[str, Any]:
+        messages = list(chat_history or [])
+        if user_msg is not None:
+            messages.append(ChatMessage(role=MessageRole.USER, content=user_msg)
+                            if isinstance(user_msg, str) else user_msg)
+        specs = [t.metadata.to_openai_tool(skip_length_check=True) for t in tools]
+        choice = kwargs.pop("tool_choice", None) or ("required" if tool_required else None)
+        return {"messages": messages, "tools": specs or None, "tool_choice": choice, **kwargs}
+
+    def _validate_chat_with_tools_response(self, response: ChatResponse, tools: Sequence[Any],
+                                           allow_parallel_tool_calls: bool = False, **kwargs: Any) -> ChatResponse:
+        if not allow_parallel_tool_calls:
+            blocks = response.message.blocks
+            calls = [b for b in blocks if isinstance(b, ToolCallBlock)]
+            if len(calls) > 1:
+                response.message.blocks = [b for b in blocks if not isinstance(b, ToolCallBlock)] + calls[:1]
+        return response
+
+    def get_tool_calls_from_response(self, response: ChatResponse, error_on_no_tool_call: bool = True,
+                                     **kwargs: Any) -> list[ToolSelection]:
+        calls = [ToolSelection(tool_id=b.tool_call_id or "", tool_name=b.tool_name,
+                               tool_kwargs=b.tool_kwargs if isinstance(b.tool_kwargs, dict) else json.loads(b.tool_kwargs))
+                 for b in response.message.blocks if isinstance(b, ToolCallBlock)]
+        if not calls and error_on_no_tool_call:
+            raise ValueError(f"Expected at least one tool call, got: {response.message.content!r}")
+        return calls
+
+
+def _to_openai(message: ChatMessage) -> dict:
+    role = message.role.value if hasattr(message.role, "value") else str(message.role)
+    out: dict = {"role": role, "content": message.content or ""}
+    calls = [b for b in message.blocks if isinstance(b, ToolCallBlock)]
+    calls += [_legacy_call(c) for c in message.additional_kwargs.get("tool_calls", []) or []]
+    if calls:
+        out["tool_calls"] = [c if isinstance(c, dict) else
+                             {"id": c.tool_call_id, "type": "function",
+                              "function": {"name": c.tool_name, "arguments": c.tool_kwargs}} for c in calls]
+    if role == "tool":
+        out["tool_call_id"] = message.additional_kwargs.get("tool_call_id")
+    return out
+
+
+def _legacy_call(call) -> dict:
+    if isinstance(call, dict):
+        return call
+    fn = getattr(call, "function", None)
+    return {"id": getattr(call, "id", None), "type": "function",
+            "function": {"name": fn.name, "arguments": fn.arguments}}
