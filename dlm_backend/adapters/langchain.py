@@ -31,8 +31,7 @@ class ChatDLM(BaseChatModel):
 
     Supports invoke/stream/batch and their async forms, ``bind_tools`` with ``tool_choice``,
     ``with_structured_output`` (json_schema, function_calling, json_mode) and the diffusion knobs
-    (``steps``, ``block_length``, ``sampler``, ``threshold``, ``kv_cache``) as fields, or per call
-    (``cache=`` per call selects the KV cache mode).
+    (``steps``, ``block_length``, ``sampler``, ``threshold``, ``kv_cache``) as fields or per call.
     """
 
     model_config = ConfigDict(populate_by_name=True, protected_namespaces=())
@@ -92,8 +91,7 @@ class ChatDLM(BaseChatModel):
     def _request(self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict):
         model = kwargs.pop("model", None) or self.model
         fields = {k: getattr(self, k) for k in ("temperature", "max_tokens", "stop", "seed", "steps",
-                                                 "block_length", "sampler", "threshold")}
-        fields["cache"] = self.kv_cache
+                                                 "block_length", "sampler", "threshold", "kv_cache")}
         if stop is not None:
             kwargs["stop"] = stop
         request = chat.ChatRequest(

@@ -2,7 +2,7 @@
 
 Install with ``pip install "dlm_backend[litellm]"``. ``dlm/default`` (or ``dlm/dlm-tiny``) is the
 embedded model; ``dlm/<folder or hub id>`` any other. Diffusion knobs (``steps``, ``block_length``,
-``sampler``, ``threshold``, ``cache``) pass as extra keyword arguments. For the LiteLLM proxy::
+``sampler``, ``threshold``, ``kv_cache``) pass as extra keyword arguments. For the LiteLLM proxy::
 
     litellm_settings:
       custom_provider_map:
@@ -37,7 +37,7 @@ def _request(model: str, messages: list, optional_params: dict) -> tuple:
     params.update(extra)
     if "max_completion_tokens" in params:
         params.setdefault("max_tokens", params.pop("max_completion_tokens"))
-    sampling = sampling_params({"max_tokens": 256, "block_length": 32, "cache": "dual"},
+    sampling = sampling_params({"max_tokens": 256, "block_length": 32, "kv_cache": "dual"},
                                {k: v for k, v in params.items() if k in KNOBS or k == "gen_length"})
     request = chat.ChatRequest(messages, sampling, tools=params.get("tools"), tool_choice=params.get("tool_choice"),
                                response_format=params.get("response_format"))

@@ -34,7 +34,7 @@ class DLM(FunctionCallingLLM):
     threshold: float = Field(default=0.9)
     block_length: int | None = Field(default=32)
     steps: int | None = Field(default=None)
-    cache: str = Field(default="dual")
+    kv_cache: str = Field(default="dual", description="diffusion KV cache: none, prefix or dual")
     seed: int | None = Field(default=None)
     additional_kwargs: dict[str, Any] = Field(default_factory=dict, description="more SamplingParams fields")
     _context_window: int | None = PrivateAttr(default=None)
@@ -59,7 +59,7 @@ class DLM(FunctionCallingLLM):
 
     def _request(self, messages: Sequence[ChatMessage], kwargs: dict) -> chat.ChatRequest:
         fields = {k: getattr(self, k) for k in ("temperature", "max_tokens", "sampler", "threshold",
-                                                 "block_length", "steps", "cache", "seed")}
+                                                 "block_length", "steps", "kv_cache", "seed")}
         params = sampling_params({**fields, **self.additional_kwargs}, kwargs)
         return chat.ChatRequest([_to_openai(m) for m in messages], params, tools=kwargs.get("tools"),
                                 tool_choice=kwargs.get("tool_choice"), response_format=kwargs.get("response_format"))

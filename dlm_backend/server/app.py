@@ -21,7 +21,7 @@ from dlm_backend.engine.llm import LLM
 from dlm_backend.errors import DLMError
 from dlm_backend.server.protocol import ChatCompletionRequest, CompletionRequest
 
-DEFAULTS = {"max_tokens": 256, "block_length": 32, "cache": "dual"}
+DEFAULTS = {"max_tokens": 256, "block_length": 32, "kv_cache": "dual"}
 
 
 def _error(status: int, message: str, kind: str = "invalid_request_error") -> JSONResponse:

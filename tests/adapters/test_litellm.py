@@ -1,0 +1,51 @@
+"""The LiteLLM provider: registration on import, completion, streaming, async, extra knobs."""
+
+import asyncio
+import os
+import subprocess
+import sys
+
+import pytest
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+litellm = pytest.importorskip("litellm", reason="install the [litellm] extra")
+
+import dlm_backend  # noqa: E402,F401  (registers the dlm provider)
+
+
+def test_import_order_does_not_matter():
+    code = ("import os; os.environ['LITELLM_LOCAL_MODEL_COST_MAP']='True'\n"
+            "import dlm_backend, sys\nassert 'litellm' not in sys.modules\nimport litellm\n"
+            "assert any(e['provider'] == 'dlm' for e in litellm.custom_provider_map)\n"
+            "import dlm_backend.adapters.litellm as a; a.register(); a.register()\n"
+            "assert sum(e['provider'] == 'dlm' for e in litellm.custom_provider_map) == 1\n"
+            "print(litellm.get_model_info('dlm/dlm-tiny')['supports_function_calling'])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().endswith("True")
+
+
+def test_completion_stream_and_async(dream_chat):
+    model = f"dlm/{dream_chat}"
+    messages = [{"role": "user", "content": "hi"}]
+    knobs = {"max_tokens": 16, "block_length": 8, "sampler": "llada", "steps": 16, "kv_cache": "none"}
+    r = litellm.completion(model=model, messages=messages, **knobs)
+    text = r.choices[0].message.content
+    assert isinstance(text, str) and r.usage.completion_tokens > 0 and r.choices[0].finish_reason in ("stop", "length")
+    chunks = list(litellm.completion(model=model, messages=messages, stream=True, **knobs))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == text
+    a = asyncio.run(litellm.acompletion(model=model, messages=messages, **knobs))
+    assert a.choices[0].message.content == text
+
+    async def astream():
+        resp = await litellm.acompletion(model=model, messages=messages, stream=True, **knobs)
+        return [c async for c in resp]
+    assert "".join(c.choices[0].delta.content or "" for c in asyncio.run(astream())) == text
+
+
+def test_forced_tool_call_reaches_the_engine(dream_chat):
+    tools = [{"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}]
+    r = litellm.completion(model=f"dlm/{dream_chat}", messages=[{"role": "user", "content": "time?"}], tools=tools,
+                           tool_choice={"type": "function", "function": {"name": "get_time"}}, max_tokens=48,
+                           block_length=8)
+    assert r.choices[0].finish_reason in ("tool_calls", "stop", "length")

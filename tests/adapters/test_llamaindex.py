@@ -1,0 +1,60 @@
+"""The LlamaIndex adapter's mechanics (chat, stream, async, tools, metadata) on a tiny checkpoint."""
+
+import asyncio
+
+import pytest
+
+pytest.importorskip("llama_index.core", reason="install the [llamaindex] extra")
+
+from llama_index.core.base.llms.types import ChatMessage, ChatResponse, MessageRole, TextBlock, ToolCallBlock  # noqa: E402
+from llama_index.core.tools import FunctionTool  # noqa: E402
+
+from dlm_backend.adapters.llamaindex import DLM  # noqa: E402
+
+
+def get_weather(city: str) -> str:
+    """Get the weather in a city."""
+    return f"sunny in {city}"
+
+
+def test_construction_does_not_load(dream_chat):
+    import dlm_backend.engine.llm as llm_mod
+    before = len(llm_mod._shared)
+    DLM(model=str(dream_chat) + "/", max_tokens=16)
+    assert len(llm_mod._shared) == before
+
+
+def test_chat_complete_stream_and_async(dream_chat):
+    llm = DLM(model=str(dream_chat), max_tokens=16, block_length=8)
+    meta = llm.metadata
+    assert meta.is_function_calling_model and meta.is_chat_model and meta.context_window == 512 - 16
+    r = llm.chat([ChatMessage(role=MessageRole.USER, content="hi")])
+    assert isinstance(r.message.content, str) and r.raw["usage"]["completion_tokens"] > 0
+    c = llm.complete("hi")
+    assert c.text == r.message.content
+    streamed = list(llm.stream_chat([ChatMessage(role=MessageRole.USER, content="hi")]))
+    assert streamed[-1].message.content == r.message.content
+    assert "".join(s.delta or "" for s in streamed) == r.message.content
+    a = asyncio.run(llm.achat([ChatMessage(role=MessageRole.USER, content="hi")]))
+    assert a.message.content == r.message.content
+
+    async def collect():
+        return [x async for x in await llm.astream_complete("hi")]
+    assert asyncio.run(collect())[-1].text == r.message.content
+
+
+def test_tool_plumbing(dream_chat):
+    llm = DLM(model=str(dream_chat), max_tokens=48, block_length=8)
+    tool = FunctionTool.from_defaults(fn=get_weather)
+    prepared = llm._prepare_chat_with_tools([tool], user_msg="weather in Paris?", tool_required=True)
+    assert prepared["tool_choice"] == "required" and prepared["tools"][0]["function"]["name"] == "get_weather"
+    response = llm.chat_with_tools([tool], user_msg="weather in Paris?", tool_choice="get_weather")
+    assert isinstance(response, ChatResponse)
+    fake = ChatResponse(message=ChatMessage(role=MessageRole.ASSISTANT, blocks=[
+        TextBlock(text=""), ToolCallBlock(tool_call_id="c1", tool_name="get_weather", tool_kwargs={"city": "Paris"})]))
+    calls = llm.get_tool_calls_from_response(fake)
+    assert calls[0].tool_name == "get_weather" and calls[0].tool_kwargs == {"city": "Paris"}
+    with pytest.raises(ValueError):
+        llm.get_tool_calls_from_response(ChatResponse(message=ChatMessage(role=MessageRole.ASSISTANT, content="x")))
+    assert llm.get_tool_calls_from_response(
+        ChatResponse(message=ChatMessage(role=MessageRole.ASSISTANT, content="x")), error_on_no_tool_call=False) == []

@@ -1,0 +1,82 @@
+"""The OpenAI-compatible server, driven by the official openai client over real HTTP on loopback."""
+
+import socket
+import threading
+import time
+
+import pytest
+
+pytest.importorskip("fastapi", reason="install the [server] extra")
+openai = pytest.importorskip("openai")
+uvicorn = pytest.importorskip("uvicorn")
+
+from dlm_backend.server import create_app  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def server(dream_chat):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    config = uvicorn.Config(create_app(str(dream_chat), served_name="tiny"), host="127.0.0.1", port=port,
+                            log_level="warning")
+    srv = uvicorn.Server(config)
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    for _ in range(200):
+        if srv.started:
+            break
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}"
+    srv.should_exit = True
+    thread.join(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server + "/v1", api_key="unused")
+
+
+def test_models_and_health(server, client):
+    import httpx
+    assert httpx.get(server + "/health").json() == {"status": "ok"}
+    assert [m.id for m in client.models.list().data] == ["tiny"]
+
+
+def test_chat_plain_streaming_and_extra_knobs(client):
+    kwargs = dict(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=16,
+                  extra_body={"block_length": 8, "sampler": "llada", "steps": 16})
+    r = client.chat.completions.create(**kwargs)
+    text = r.choices[0].message.content
+    assert r.usage.completion_tokens > 0 and r.choices[0].finish_reason in ("stop", "length")
+    chunks = list(client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kwargs))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text
+    assert chunks[-1].usage.completion_tokens == r.usage.completion_tokens
+
+
+def test_json_schema_response_format(client):
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}}}
+    r = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Bob is 3"}], max_tokens=64,
+                                       response_format={"type": "json_schema",
+                                                        "json_schema": {"name": "p", "schema": schema}})
+    import json
+    obj = json.loads(r.choices[0].message.content)
+    assert set(obj) == {"name", "age"} and isinstance(obj["age"], int)
+
+
+def test_completions_endpoint(client):
+    r = client.completions.create(model="tiny", prompt="The quick", max_tokens=8, extra_body={"block_length": 8})
+    assert isinstance(r.choices[0].text, str)
+    streamed = list(client.completions.create(model="tiny", prompt="The quick", max_tokens=8, stream=True,
+                                              extra_body={"block_length": 8}))
+    assert "".join(c.choices[0].text for c in streamed) == r.choices[0].text
+
+
+def test_bad_requests_are_400_with_a_message(client):
+    with pytest.raises(openai.BadRequestError, match="cache must be one of"):
+        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
+                                       extra_body={"cache": "bogus"})
+    with pytest.raises(openai.BadRequestError, match="messages"):
+        client.chat.completions.create(model="tiny", messages=[])
+    with pytest.raises(openai.BadRequestError, match="context"):
+        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x " * 600}])
