@@ -1,6 +1,7 @@
-"""RAG with LlamaIndex on the embedded diffusion model: BM25 retrieval, then a query engine."""
+"""RAG with LlamaIndex on the embedded diffusion model: BM25 retrieval, a query engine and a chat engine."""
 
 from llama_index.core import Document, Settings
+from llama_index.core.chat_engine import ContextChatEngine
 from llama_index.core.query_engine import RetrieverQueryEngine
 from llama_index.core.node_parser import SentenceSplitter
 from llama_index.retrievers.bm25 import BM25Retriever
@@ -33,6 +34,9 @@ def main() -> dict[str, str]:
     for question in QUESTIONS:
         answers[question] = str(engine.query(question)).strip()
         print(f"Q: {question}\nA: {answers[question]}\n")
+    chat_engine = ContextChatEngine.from_defaults(retriever=engine.retriever)
+    answers["chat: Where does Velmora live?"] = str(chat_engine.chat("Where does Velmora live?")).strip()
+    print("chat engine:", answers["chat: Where does Velmora live?"])
     return answers
 
 

@@ -27,6 +27,13 @@ def test_llamaindex_rag():
     answers = module.main()
     correct = sum(expected.lower() in answers[q].lower() for q, expected in module.QUESTIONS.items())
     assert correct == len(module.QUESTIONS), answers
+    assert "tarnhollow" in answers["chat: Where does Velmora live?"].lower()
+
+
+def test_llamaindex_function_agent():
+    calls, answer = load("llamaindex_agent").main()
+    assert calls and calls[0][0] == "get_population" and calls[0][1] == {"city": "Brambleton"}
+    assert "73500" in answer
 
 
 def test_langchain_agent():

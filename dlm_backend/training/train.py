@@ -2,7 +2,8 @@
 
 Objective (LLaDA SFT): for each example the prompt stays clean; every response token (the reply,
 its end-of-turn token and the EOS padding after it) is masked with probability t ~ U(eps, 1), and
-the cross-entropy on masked positions is weighted by 1/t and averaged over response length. The
+the cross-entropy on masked positions is weighted by 1/t and averaged over the reply's length, with
+the EOS padding down-weighted (``pad_weight``) so it cannot drown the reply. The
 Dream/Qwen2 layout keeps the one-position logit shift, so position i is predicted from output i-1.
 
 Deterministic for a seed; ``train_state.pt`` in the output folder makes a run resumable.
@@ -44,7 +45,8 @@ class TrainConfig:
     max_len: int = 448             # prompt + reply + padding, tokens (3 tool schemas ~ 250)
     batch_tokens: int = 6144       # tokens per optimiser step
     max_extra_pad: int = 24        # EOS run after the reply: the model learns to fill the canvas tail
-    steps: int = 3000
+    pad_weight: float = 0.05       # loss weight of that EOS run relative to the reply's tokens
+    steps: int = 2000
     lr: float = 2e-3
     min_lr: float = 1e-4
     warmup: int = 150
@@ -104,6 +106,8 @@ def encode_examples(examples: list[corpus.Example], chat: ChatTokenizer, max_len
 class Batches:
     """Batch ``step`` of the run, a pure function of (seed, step): resuming needs only the step.
 
+    Returns token ids ``[B, L]``, each row's prompt length and the end of its reply (EOS after it).
+
     Examples are grouped by length so a [B, L] batch wastes little compute on padding; each epoch
     visits the groups in a seeded order.
     """
@@ -118,7 +122,7 @@ class Batches:
             self.groups.append(order[i:i + size])
             i += size
 
-    def __call__(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def __call__(self, step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         epoch, index = divmod(step, len(self.groups))
         visit = list(range(len(self.groups)))
         random.Random(f"{self.cfg.seed}-epoch-{epoch}").shuffle(visit)
@@ -127,19 +131,23 @@ class Batches:
         L = min(self.cfg.max_len, max(len(self.pairs[j][0]) + len(self.pairs[j][1]) for j in group) + extra)
         ids = torch.full((len(group), L), self.eos, dtype=torch.long)
         prompt_len = torch.zeros(len(group), dtype=torch.long)
+        reply_end = torch.zeros(len(group), dtype=torch.long)
         for r, j in enumerate(group):
             prompt, reply = self.pairs[j]
             row = (prompt + reply)[:L]
             ids[r, :len(row)] = torch.tensor(row)
-            prompt_len[r] = len(prompt)
-        return ids, prompt_len
+            prompt_len[r], reply_end[r] = len(prompt), len(row)
+        return ids, prompt_len, reply_end
 
 
-def diffusion_loss(model: DreamModel, ids: torch.Tensor, prompt_len: torch.Tensor, mask_id: int,
-                   eps: float, gen: torch.Generator) -> torch.Tensor:
+def diffusion_loss(model: DreamModel, ids: torch.Tensor, prompt_len: torch.Tensor, reply_end: torch.Tensor,
+                   mask_id: int, eps: float, gen: torch.Generator, pad_weight: float) -> torch.Tensor:
     B, L = ids.shape
     pos = torch.arange(L)[None, :].expand(B, L)
     response = pos >= prompt_len[:, None]                                  # [B, L]
+    # EOS padding after the reply is trivial to predict; at full weight it drowns the reply's own
+    # tokens (in a 24-example overfit test the model learned the padding and never the answers).
+    weight = torch.where(pos < reply_end[:, None], 1.0, pad_weight)        # [B, L]
     t = eps + (1 - eps) * torch.rand(B, 1, generator=gen)                  # [B, 1]
     masked = response & (torch.rand(B, L, generator=gen) < t)
     noisy = torch.where(masked, torch.full_like(ids, mask_id), ids)
@@ -148,9 +156,9 @@ def diffusion_loss(model: DreamModel, ids: torch.Tensor, prompt_len: torch.Tenso
     # Dream's shift: the prediction for position i is the output at i - 1 (prompts are >= 1 token).
     b, i = masked.nonzero(as_tuple=True)
     logits = model.compute_logits(hidden[b, i - 1])                        # [M, V]
-    ce = F.cross_entropy(logits, ids[b, i], reduction="none")
+    ce = F.cross_entropy(logits, ids[b, i], reduction="none") * weight[b, i]
     per_row = torch.zeros(B).index_add_(0, b, ce / t[b, 0])
-    return (per_row / response.sum(1).clamp_min(1)).mean()
+    return (per_row / (reply_end - prompt_len).clamp_min(1)).mean()
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
@@ -212,10 +220,11 @@ def train(cfg: TrainConfig, stop_at: int | None = None) -> Path:
     bar = tqdm(total=cfg.steps, initial=step, desc="train dlm-tiny")
     start, ema = time.time(), None
     while step < (stop_at or cfg.steps):
-        ids, prompt_len = batch_at(step)
+        ids, prompt_len, reply_end = batch_at(step)
         for group in opt.param_groups:
             group["lr"] = lr_at(step, cfg)
-        loss = diffusion_loss(model, ids, prompt_len, config["mask_token_id"], cfg.eps, gen)
+        loss = diffusion_loss(model, ids, prompt_len, reply_end, config["mask_token_id"], cfg.eps, gen,
+                              cfg.pad_weight)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
