@@ -87,15 +87,10 @@ class DLM(FunctionCallingLLM):
         request = self._request(messages, kwargs)
 
         def gen() -> ChatResponseGen:
-            text = ""
+            accumulate = _Accumulator()
             for delta in chat.stream(self._llm, request):
-                if delta.result is not None:
-                    final = self._response(delta.result)
-                    yield ChatResponse(message=final.message, delta="", raw=final.raw)
-                elif delta.content:
-                    text += delta.content
-                    yield ChatResponse(message=ChatMessage(role=MessageRole.ASSISTANT, content=text),
-                                       delta=delta.content)
+                if (response := accumulate(delta)) is not None:
+                    yield response
         return gen()
 
     @llm_chat_callback()
@@ -103,15 +98,10 @@ class DLM(FunctionCallingLLM):
         request = self._request(messages, kwargs)
 
         async def gen() -> ChatResponseAsyncGen:
-            text = ""
+            accumulate = _Accumulator()
             async for delta in chat.astream(self._llm, request):
-                if delta.result is not None:
-                    final = self._response(delta.result)
-                    yield ChatResponse(message=final.message, delta="", raw=final.raw)
-                elif delta.content:
-                    text += delta.content
-                    yield ChatResponse(message=ChatMessage(role=MessageRole.ASSISTANT, content=text),
-                                       delta=delta.content)
+                if (response := accumulate(delta)) is not None:
+                    yield response
         return gen()
 
     # Completion goes through the chat template too: instruct checkpoints answer in chat form.
@@ -170,6 +160,23 @@ class DLM(FunctionCallingLLM):
         if not calls and error_on_no_tool_call:
             raise ValueError(f"Expected at least one tool call, got: {response.message.content!r}")
         return calls
+
+
+class _Accumulator:
+    """Streamed deltas as LlamaIndex responses: the text so far plus the new piece; tool calls and
+    usage arrive on the final response."""
+
+    def __init__(self):
+        self.text = ""
+
+    def __call__(self, delta: chat.ChatDelta) -> ChatResponse | None:
+        if delta.result is not None:
+            final = DLM._response(delta.result)
+            return ChatResponse(message=final.message, delta="", raw=final.raw)
+        if not delta.content:
+            return None
+        self.text += delta.content
+        return ChatResponse(message=ChatMessage(role=MessageRole.ASSISTANT, content=self.text), delta=delta.content)
 
 
 def _to_openai(message: ChatMessage) -> dict:
