@@ -124,3 +124,13 @@ def test_default_dtype_is_float32_on_cpu():
     engine = LLM(str(PARITY / "dream-tiny")).engine
     assert engine.dtype == torch.float32
     assert next(engine.runner.model.parameters()).dtype == torch.float32
+
+
+def test_no_model_and_no_embedded_checkpoint_says_what_to_do(monkeypatch, tmp_path):
+    import dlm_backend.engine.loader as loader
+    monkeypatch.delenv("DLM_MODEL", raising=False)
+    monkeypatch.setattr(loader, "EMBEDDED_MODEL", tmp_path / "assets" / "dlm-tiny")
+    with pytest.raises(ModelNotFoundError, match="set DLM_MODEL"):
+        loader.resolve_checkpoint(loader.default_model())
+    monkeypatch.setenv("DLM_MODEL", str(PARITY / "llada-tiny"))
+    assert loader.resolve_checkpoint(loader.default_model()) == PARITY / "llada-tiny"

@@ -43,6 +43,11 @@ def resolve_checkpoint(model: str | os.PathLike, revision: str | None = None) ->
     path = Path(model).expanduser()
     if path.is_dir():
         return path
+    if path.resolve() == EMBEDDED_MODEL:
+        raise ModelNotFoundError(
+            "No model was named and the embedded dlm-tiny checkpoint is not built in this install. "
+            "Pass a model (a folder or hub id such as 'GSAI-ML/LLaDA-8B-Instruct'), set DLM_MODEL, or "
+            f"build dlm-tiny with `dlm train` and copy its model/ folder to {EMBEDDED_MODEL}.")
     name = str(model)
     if path.exists() or name.startswith((".", "/", "~")) or name.count("/") > 1:
         raise ModelNotFoundError(f"Model folder {name!r} does not exist. Pass an existing checkpoint "
