@@ -6,14 +6,10 @@ pytest.importorskip("langchain_tests", reason="install the [langchain] extra and
 
 from langchain_tests.unit_tests import ChatModelUnitTests  # noqa: E402
 
-from dlm_backend.adapters.langchain import ChatDLM  # noqa: E402
+from tests.adapters.langchain_common import ChatDLMSuite  # noqa: E402
 
 
-class TestChatDLMUnit(ChatModelUnitTests):
-    @property
-    def chat_model_class(self):
-        return ChatDLM
-
+class TestChatDLMUnit(ChatDLMSuite, ChatModelUnitTests):
     @property
     def chat_model_params(self):
         return {"model": "tests/fixtures/parity/dream-tiny", "block_length": 8}
@@ -21,11 +17,3 @@ class TestChatDLMUnit(ChatModelUnitTests):
     @property
     def init_from_env_params(self):
         return ({"DLM_MODEL": "tests/fixtures/parity/dream-tiny"}, {}, {})
-
-    @property
-    def has_tool_choice(self):
-        return True
-
-    @property
-    def supports_json_mode(self):
-        return True
