@@ -1,8 +1,8 @@
 """Every integration scenario runs green on the embedded model, as a user would run it."""
 
+import importlib
 import importlib.util
 import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -71,7 +71,3 @@ def test_openai_client_against_dlm_serve():
     assert out["streamed"].strip() == "4, 7, 9"
     call = out["tool_call"].choices[0].message.tool_calls[0]
     assert call.function.name == "get_weather" and "Kyoto" in call.function.arguments
-
-
-import importlib  # noqa: E402
-sys.path.insert(0, str(ROOT))

@@ -33,24 +33,26 @@ def test_llama3_template_uses_bos_from_config(llada_chat):
     assert text.startswith("<|startoftext|><|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|>")
 
 
+def _with_template(folder, dream_chat, template=None):
+    """A checkpoint folder with dream_chat's tokenizer and the given chat template (or none)."""
+    (folder / "tokenizer.json").write_bytes((dream_chat / "tokenizer.json").read_bytes())
+    if template is not None:
+        (folder / "tokenizer_config.json").write_text(json.dumps({"chat_template": template}))
+    return Tokenizer(folder)
+
+
 def test_template_is_sandboxed(tmp_path, dream_chat):
-    for name in ("tokenizer.json",):
-        (tmp_path / name).write_bytes((dream_chat / name).read_bytes())
-    evil = "{{ messages.__class__.__mro__[1].__subclasses__() }}"
-    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": evil}))
+    tok = _with_template(tmp_path, dream_chat, "{{ messages.__class__.__mro__[1].__subclasses__() }}")
     with pytest.raises(TokenizerError, match="unsafe"):
-        Tokenizer(tmp_path).apply_chat_template([{"role": "user", "content": "x"}])
+        tok.apply_chat_template([{"role": "user", "content": "x"}])
 
 
 def test_template_raise_exception_is_a_clear_error(tmp_path, dream_chat):
-    (tmp_path / "tokenizer.json").write_bytes((dream_chat / "tokenizer.json").read_bytes())
     template = "{% if messages[0]['role'] != 'user' %}{{ raise_exception('first must be user') }}{% endif %}"
-    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": template}))
     with pytest.raises(TokenizerError, match="first must be user"):
-        Tokenizer(tmp_path).apply_chat_template([{"role": "assistant", "content": "x"}])
+        _with_template(tmp_path, dream_chat, template).apply_chat_template([{"role": "assistant", "content": "x"}])
 
 
 def test_missing_template(tmp_path, dream_chat):
-    (tmp_path / "tokenizer.json").write_bytes((dream_chat / "tokenizer.json").read_bytes())
     with pytest.raises(TokenizerError, match="no chat template"):
-        Tokenizer(tmp_path).apply_chat_template([{"role": "user", "content": "x"}])
+        _with_template(tmp_path, dream_chat).apply_chat_template([{"role": "user", "content": "x"}])

@@ -3,7 +3,6 @@
 import json
 from dataclasses import replace
 
-import pytest
 import torch
 from safetensors.torch import load_file
 
