@@ -94,8 +94,8 @@ def qa(rng: random.Random, ent: Entities) -> Example:
 
 # -- tools --------------------------------------------------------------------------------------
 
-def _toolset(rng: random.Random, name: str) -> list[dict]:
-    others = rng.sample([n for n in sorted(SCHEMAS) if n != name], rng.randint(0, 2))
+def _toolset(rng: random.Random, name: str, most_others: int = 2) -> list[dict]:
+    others = rng.sample([n for n in sorted(SCHEMAS) if n != name], rng.randint(0, most_others))
     names = others + [name]
     rng.shuffle(names)
     return [SCHEMAS[n] for n in names]
@@ -123,7 +123,8 @@ def tool_result(rng: random.Random, ent: Entities) -> Example:
     messages = [{"role": "user", "content": ask},
                 {"role": "assistant", "content": "", "tool_calls": [call]},
                 {"role": "tool", "tool_call_id": call["id"], "content": result}]
-    return Example("tool_result", messages, answer, _toolset(rng, name), {"answer": answer})
+    # One distractor at most: the reply copies from the result, and every schema token is prompt compute.
+    return Example("tool_result", messages, answer, _toolset(rng, name, 1), {"answer": answer})
 
 
 # -- structured output ----------------------------------------------------------------------------

@@ -31,6 +31,9 @@ from dlm_backend.training import corpus
 from dlm_backend.training.template import CHAT_TEMPLATE, EOS, MASK, SPECIAL_TOKENS, TOOL_TOKENS
 
 
+EPS = 1e-3   # smallest mask ratio of the bernoulli mode, as in LLaDA
+
+
 @dataclass
 class TrainConfig:
     out_dir: str = "runs/dlm-tiny"
@@ -44,14 +47,14 @@ class TrainConfig:
     intermediate_size: int = 768
     max_len: int = 448             # prompt + reply + padding, tokens (3 tool schemas ~ 250)
     batch_tokens: int = 6144       # tokens per optimiser step
-    max_extra_pad: int = 24        # EOS run after the reply: the model learns to fill the canvas tail
+    max_extra_pad: int = 40        # EOS run after the reply: the model learns to fill a 64-token canvas
     pad_weight: float = 0.05       # loss weight of that EOS run relative to the reply's tokens
-    steps: int = 2000
+    steps: int = 3000
     lr: float = 2e-3
     min_lr: float = 1e-4
     warmup: int = 150
     weight_decay: float = 0.01
-    eps: float = 1e-3
+    mask_mode: str = "bernoulli"   # see response_mask; "count" measured no better (held-out CE, 670 steps)
     save_every: int = 250
 
 
@@ -140,16 +143,35 @@ class Batches:
         return ids, prompt_len, reply_end
 
 
-def diffusion_loss(model: DreamModel, ids: torch.Tensor, prompt_len: torch.Tensor, reply_end: torch.Tensor,
-                   mask_id: int, eps: float, gen: torch.Generator, pad_weight: float) -> torch.Tensor:
-    B, L = ids.shape
+def response_mask(prompt_len: torch.Tensor, L: int, gen: torch.Generator, mode: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Which response positions to mask, and each row's mask ratio t (``[B, L]`` bool, ``[B, 1]``).
+
+    ``bernoulli``: t ~ U(eps, 1), each response position masked with probability t (LLaDA's SFT).
+    ``count``: k ~ U{1..n} positions of the n response positions masked exactly, t = k / n. The 1/t
+    weight is then at most n instead of 1/eps = 1000: in small batches one row with t ~ 0.002 and a
+    single masked token otherwise owns the whole clipped gradient step.
+    """
+    B = prompt_len.shape[0]
     pos = torch.arange(L)[None, :].expand(B, L)
     response = pos >= prompt_len[:, None]                                  # [B, L]
+    if mode == "bernoulli":
+        t = EPS + (1 - EPS) * torch.rand(B, 1, generator=gen)
+        return response & (torch.rand(B, L, generator=gen) < t), t
+    n = (L - prompt_len)[:, None]                                          # [B, 1]
+    k = 1 + (torch.rand(B, 1, generator=gen) * n).long().clamp_max(n - 1)  # [B, 1] in 1..n
+    scores = torch.rand(B, L, generator=gen).masked_fill(~response, 2.0)
+    ranks = scores.argsort(dim=1).argsort(dim=1)
+    return ranks < k, k / n
+
+
+def diffusion_loss(model: DreamModel, ids: torch.Tensor, prompt_len: torch.Tensor, reply_end: torch.Tensor,
+                   mask_id: int, gen: torch.Generator, pad_weight: float, mode: str = "bernoulli") -> torch.Tensor:
+    B, L = ids.shape
+    pos = torch.arange(L)[None, :].expand(B, L)
     # EOS padding after the reply is trivial to predict; at full weight it drowns the reply's own
     # tokens (in a 24-example overfit test the model learned the padding and never the answers).
     weight = torch.where(pos < reply_end[:, None], 1.0, pad_weight)        # [B, L]
-    t = eps + (1 - eps) * torch.rand(B, 1, generator=gen)                  # [B, 1]
-    masked = response & (torch.rand(B, L, generator=gen) < t)
+    masked, t = response_mask(prompt_len, L, gen, mode)
     noisy = torch.where(masked, torch.full_like(ids, mask_id), ids)
     with attention_context(AttentionContext(rows=(B, L))):
         hidden = model(noisy.reshape(-1), pos.reshape(-1)).view(B, L, -1)  # [B, L, D]
@@ -223,8 +245,8 @@ def train(cfg: TrainConfig, stop_at: int | None = None) -> Path:
         ids, prompt_len, reply_end = batch_at(step)
         for group in opt.param_groups:
             group["lr"] = lr_at(step, cfg)
-        loss = diffusion_loss(model, ids, prompt_len, reply_end, config["mask_token_id"], cfg.eps, gen,
-                              cfg.pad_weight)
+        loss = diffusion_loss(model, ids, prompt_len, reply_end, config["mask_token_id"], gen,
+                              cfg.pad_weight, cfg.mask_mode)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
