@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from dlm_backend.engine.cache import KVCache
+from dlm_backend.engine.graphs import BlockGraphs
+from dlm_backend.engine.kernels import use_triton
 from dlm_backend.engine.layers import AttentionContext, Segment, attention_context
 from dlm_backend.engine.models.base import DiffusionLM
 from dlm_backend.engine.samplers.base import StepInput, TokenInfo
@@ -16,7 +20,9 @@ class ModelRunner:
 
     One :meth:`step` packs every scheduled sequence's query window into a single token batch, runs
     one forward, computes logits only for the masked slots of each sequence's current block and lets
-    each sequence's sampler commit tokens.
+    each sequence's sampler commit tokens. On CUDA, a batch made only of dual-cache block steps of one
+    shape runs as a captured CUDA graph (engine/graphs.py), and greedy threshold requests take their
+    (token, confidence) from the fused unmasking kernel instead of [N, V] logits.
     """
 
     def __init__(self, model: DiffusionLM, device: torch.device, dtype: torch.dtype, tokens: TokenInfo):
@@ -26,6 +32,10 @@ class ModelRunner:
         self.tokens = tokens
         self.caches: dict[int, KVCache] = {}
         self.generators: dict[int, torch.Generator] = {}
+        # Fixed-shape dual-cache block steps as CUDA graphs (CUDA only; DLM_CUDA_GRAPHS=0 turns off).
+        self.graphs: BlockGraphs | None = None
+        if device.type == "cuda" and os.environ.get("DLM_CUDA_GRAPHS", "1") != "0":
+            self.graphs = BlockGraphs(model, dtype, device, capture=True)
 
     @property
     def logits_shift(self) -> int:
@@ -56,17 +66,19 @@ class ModelRunner:
         self.caches.pop(seq.seq_id, None)
         self.generators.pop(seq.seq_id, None)
 
-    @torch.inference_mode()
-    def step(self, seqs: list[Sequence]) -> None:
-        """One denoising pass for every sequence in ``seqs`` (each commits at least one token)."""
-        shift = self.logits_shift
+    def _wants_stats(self, seq: Sequence) -> bool:
+        """Kernel path, greedy, plain logits: the sampler can decide from fused (token, confidence)."""
+        p = seq.params
+        return (seq.sampler.uses_unmask_stats and p.temperature == 0 and p.cfg_scale == 0
+                and p.top_p is None and p.top_k is None)
+
+    def _forward_packed(self, seqs: list[Sequence], shift: int):
+        """Pack every sequence's window into one token batch and run the model over it."""
         ids: list[int] = []
         positions: list[int] = []
         segments: list[Segment] = []
-        rows: list[int] = []        # hidden rows whose logits the samplers need
-        plans = []                  # per sequence: (candidate positions, logits rows slice, has_cfg)
+        plans = []                  # per sequence: (candidate positions, hidden rows for them, has_cfg)
         for seq in seqs:
-            seq.begin_block_if_needed()
             start, end, cached = seq.window(shift)
             candidates = seq.masked_in_block
             row0 = len(ids)
@@ -74,8 +86,7 @@ class ModelRunner:
                                     self._cache_for(seq) if cached else None))
             ids += seq.canvas[start:end]
             positions += range(start, end)
-            first = len(rows)
-            rows += [row0 + p - shift - start for p in candidates]
+            rows = [row0 + p - shift - start for p in candidates]
             cfg = seq.params.cfg_scale > 0
             if cfg:  # unconditional copy: the prompt masked out (LLaDA's classifier-free guidance)
                 row0 = len(ids)
@@ -83,19 +94,54 @@ class ModelRunner:
                 ids += [self.tokens.mask_id] * seq.prompt_len + seq.canvas[seq.prompt_len:end]
                 positions += range(start, end)
                 rows += [row0 + p - shift - start for p in candidates]
-            plans.append((candidates, first, cfg))
-
+            plans.append((candidates, rows, cfg))
         input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
         pos = torch.tensor(positions, dtype=torch.long, device=self.device)
         with attention_context(AttentionContext(segments)):
-            hidden = self.model(input_ids, pos)                             # [T, D]
-        logits = self.model.compute_logits(hidden[torch.tensor(rows, device=self.device)])  # [N, V]
+            return self.model(input_ids, pos), plans                       # [T, D]
 
-        for seq, (candidates, first, cfg) in zip(seqs, plans):
-            n = len(candidates)
-            seq_logits = logits[first:first + n]
+    def _forward_static(self, seqs: list[Sequence], shift: int, q_len: int):
+        """Dual-cache block steps of equal shape: the fixed-shape (CUDA graph) forward."""
+        hidden = self.graphs.forward(seqs, [self._cache_for(s) for s in seqs], shift, q_len)
+        plans = []
+        for i, seq in enumerate(seqs):
+            candidates = seq.masked_in_block
+            start = seq.block_start - shift
+            plans.append((candidates, [i * q_len + p - shift - start for p in candidates], False))
+        return hidden, plans
+
+    @torch.inference_mode()
+    def step(self, seqs: list[Sequence]) -> None:
+        """One denoising pass for every sequence in ``seqs`` (each commits at least one token)."""
+        shift = self.logits_shift
+        for seq in seqs:
+            seq.begin_block_if_needed()
+        q_len = self.graphs.q_len(seqs, shift) if self.graphs is not None else None
+        if q_len is not None:
+            hidden, plans = self._forward_static(seqs, shift, q_len)
+        else:
+            hidden, plans = self._forward_packed(seqs, shift)
+
+        # Rows of sequences whose sampler decides from fused statistics skip the [N, V] logits.
+        fused = [use_triton(self.device) and self._wants_stats(seq) for seq in seqs]
+        logit_rows = [r for f, (_, rows, _) in zip(fused, plans) if not f for r in rows]
+        stat_rows = [r for f, (_, rows, _) in zip(fused, plans) if f for r in rows]
+        index = lambda rows: torch.tensor(rows, dtype=torch.long, device=self.device)  # noqa: E731
+        logits = self.model.compute_logits(hidden[index(logit_rows)]) if logit_rows else None     # [N, V]
+        stats = (self.model.compute_unmask_stats(hidden[index(stat_rows)], self.tokens.mask_id)
+                 if stat_rows else None)
+
+        first = {False: 0, True: 0}
+        for seq, f, (candidates, rows, cfg) in zip(seqs, fused, plans):
+            n, at = len(candidates), first[f]
+            first[f] += len(rows)
+            if f:
+                commit = seq.sampler.step_from_stats(type(stats)(*(t[at:at + n] for t in stats)), seq.params)
+                seq.commit([candidates[i] for i in commit.indices], commit.token_ids)
+                continue
+            seq_logits = logits[at:at + n]
             if cfg:
-                uncond = logits[first + n:first + 2 * n]
+                uncond = logits[at + n:at + 2 * n]
                 seq_logits = uncond + (seq.params.cfg_scale + 1) * (seq_logits - uncond)
             commit = seq.sampler.step(StepInput(
                 logits=seq_logits, positions=candidates, step=seq.step_in_block,

@@ -4,7 +4,8 @@ import pytest
 import torch
 from kernel_utils import DEVICE, DTYPES, TOL
 
-from dlm_backend.engine.kernels.attention import attention, attention_padded_ref, attention_ref
+from dlm_backend.engine.kernels.attention import attention, attention_ref
+from dlm_backend.engine.layers.attention import padded_attention
 
 
 def _i32(values):
@@ -84,7 +85,7 @@ def test_padded_reference_matches_varlen_reference():
     q, k, v, cu = _case([6, 6, 6], 23, 4, 2, 16, torch.float32, seed=5)
     kl = _i32([23, 7, 15])
     want = attention_ref(q, k, v, cu, _i32([0, 0, 0]), kl, 6)
-    got = attention_padded_ref(q.view(3, 6, 4, 16), k, v, kl).reshape(q.shape)
+    got = padded_attention(q.view(3, 6, 4, 16), k, v, kl).reshape(q.shape)
     torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
 
 

@@ -134,17 +134,3 @@ def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch
         ob = F.scaled_dot_product_attention(qs[None], kb[None], vb[None], scale=scale)
         o[cu[b]:cu[b + 1]] = ob[0].transpose(0, 1)
     return o
-
-
-def attention_padded_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_len: torch.Tensor,
-                         scale: float | None = None) -> torch.Tensor:
-    """Static-shape variant for CUDA graphs on the torch path: q [B, M, Hq, D] (every sequence has
-    M rows), k/v [B, Hkv, L, D], keys ``0..k_len[b]`` valid. A key mask instead of slicing keeps it
-    free of host syncs."""
-    B, M, Hq, D = q.shape
-    n_rep = Hq // k.shape[1]
-    kb, vb = k.repeat_interleave(n_rep, 1), v.repeat_interleave(n_rep, 1)         # [B, Hq, L, D]
-    keep = torch.arange(k.shape[2], device=k.device)[None, :] < k_len[:, None]   # [B, L]
-    o = F.scaled_dot_product_attention(q.transpose(1, 2), kb, vb, attn_mask=keep[:, None, None, :],
-                                       scale=scale)
-    return o.transpose(1, 2)                                                      # [B, M, Hq, D]

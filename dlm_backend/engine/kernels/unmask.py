@@ -20,21 +20,13 @@ fills the GPU; the per-split partials are merged by a few tiny torch ops (no hos
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
 import triton
 import triton.language as tl
 
+from dlm_backend.engine.kernels import UnmaskStats
 from dlm_backend.engine.kernels._common import dot_upcast, is_fp32, next_pow2
 from dlm_backend.engine.kernels.attention import _dot
-
-
-class UnmaskStats(NamedTuple):
-    token: torch.Tensor      # [N] int64
-    prob: torch.Tensor       # [N] fp32
-    margin: torch.Tensor     # [N] fp32
-    entropy: torch.Tensor    # [N] fp32
 
 
 @triton.jit

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from dlm_backend.engine.kernels import use_triton
+
 
 @dataclass
 class Segment:
@@ -37,6 +39,10 @@ class AttentionContext:
 
     segments: list[Segment] = field(default_factory=list)
     rows: tuple[int, int] | None = None
+    #: static-shape batch (engine/graphs.py): an object whose ``attend(q, k, v, layer)`` does it all.
+    batch: object | None = None
+    #: per-forward int32 launch metadata for the kernel path, built on first use (one H2D copy).
+    _meta: dict = field(default_factory=dict, repr=False)
 
 
 _local = threading.local()
@@ -62,6 +68,10 @@ def get_context() -> AttentionContext:
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
     """q: [T, H, D], k/v: [T, Hkv, D] (rotated) -> [T, H, D]."""
     ctx = get_context()
+    if ctx.batch is not None:
+        return ctx.batch.attend(q, k, v, layer)
+    if use_triton(q.device):
+        return _attention_kernel_path(ctx, q, k, v, layer)
     n_rep = q.shape[1] // k.shape[1]
     if ctx.rows is not None:
         B, L = ctx.rows
@@ -81,4 +91,66 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> 
             vs = vs.repeat_interleave(n_rep, dim=0)
         o = F.scaled_dot_product_attention(qs[None], ks[None], vs[None], attn_mask=None, is_causal=False)
         out[seg.rows] = o[0].transpose(0, 1)
+    return out
+
+
+def padded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_len: torch.Tensor) -> torch.Tensor:
+    """Torch attention for a static-shape batch (engine/graphs.py): q [B, M, Hq, D] (every sequence
+    has M rows), k/v [B, Hkv, L, D] with keys ``0..k_len[b]`` valid. A key mask instead of slicing
+    keeps it free of host syncs, so it can be captured in a CUDA graph."""
+    n_rep = q.shape[2] // k.shape[1]
+    kb, vb = k.repeat_interleave(n_rep, 1), v.repeat_interleave(n_rep, 1)         # [B, Hq, L, D]
+    keep = torch.arange(k.shape[2], device=k.device)[None, :] < k_len[:, None]   # [B, L]
+    o = F.scaled_dot_product_attention(q.transpose(1, 2), kb, vb, attn_mask=keep[:, None, None, :])
+    return o.transpose(1, 2)                                                      # [B, M, Hq, D]
+
+
+def _i32(values: list[int], device) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.int32, device=device)
+
+
+def _attention_kernel_path(ctx: AttentionContext, q, k, v, layer: int) -> torch.Tensor:
+    """The Triton flash kernel: one launch for all uncached rows (their keys packed in ``k``, seen
+    through a batch stride of 0), one per cached sequence (its own cache tensor). No repeat_interleave."""
+    from dlm_backend.engine.kernels.attention import attention as flash
+
+    dev = q.device
+    if ctx.rows is not None:
+        B, L = ctx.rows
+        if "rows" not in ctx._meta:
+            ctx._meta["rows"] = (_i32(list(range(0, B * L + 1, L)), dev), _i32([0] * B, dev), _i32([L] * B, dev))
+        kb, vb = (t.view(B, L, t.shape[1], t.shape[2]).transpose(1, 2) for t in (k, v))   # [B, Hkv, L, D]
+        return flash(q, kb, vb, *ctx._meta["rows"], L)
+    out = torch.empty_like(q)
+    plain = [s for s in ctx.segments if s.cache is None]
+    if plain:
+        if "plain" not in ctx._meta:
+            # Uncached segments of one forward are contiguous runs of rows; pack their queries.
+            cu, starts, lens = [0], [], []
+            for s in plain:
+                n = s.rows.stop - s.rows.start
+                cu.append(cu[-1] + n)
+                starts.append(s.rows.start)
+                lens.append(n)
+            contiguous = starts == cu[:-1]
+            index = None if contiguous else torch.cat([torch.arange(s.rows.start, s.rows.stop) for s in plain]).to(dev)
+            ctx._meta["plain"] = (_i32(cu, dev), _i32(starts, dev), _i32(lens, dev), max(lens), index, cu[-1])
+        cu, starts, lens, max_q, index, total = ctx._meta["plain"]
+        qp = q if index is None else q[index]
+        kv = [t.transpose(0, 1)[None].expand(len(plain), -1, -1, -1) for t in (k, v)]  # [B, Hkv, T, D]
+        o = flash(qp, kv[0], kv[1], cu, starts, lens, max_q)
+        if index is None:
+            out[:total] = o[:total]
+        else:
+            out[index] = o
+    for i, seg in enumerate(ctx.segments):
+        if seg.cache is None:
+            continue
+        ks, vs = seg.cache.write(layer, seg.pos_start, k[seg.rows].transpose(0, 1), v[seg.rows].transpose(0, 1))
+        key = ("seg", i)
+        if key not in ctx._meta:
+            n = seg.rows.stop - seg.rows.start
+            ctx._meta[key] = (_i32([0, n], dev), _i32([0], dev), _i32([ks.shape[1]], dev), n)
+        cu, ks0, kl, n = ctx._meta[key]
+        out[seg.rows] = flash(q[seg.rows], ks[None], vs[None], cu, ks0, kl, n)
     return out

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from dlm_backend.engine.kernels import use_triton
+
 
 class RotaryTable:
     """cos/sin for positions ``0..max_positions-1``, float32, shape ``[P, head_dim]``."""
@@ -43,3 +45,16 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, full_pre
         return ((xf * cos) + (_rotate_half(xf) * sin)).to(x.dtype)
     cos, sin = cos.to(x.dtype), sin.to(x.dtype)
     return (x * cos) + (_rotate_half(x) * sin)
+
+
+def rotate_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+              full_precision: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotate q [T, H, D] and k [T, Hkv, D] by cos/sin from :meth:`RotaryTable.lookup`.
+
+    The kernel path rotates both in place in one launch; the torch path returns new tensors.
+    """
+    if use_triton(q.device) and q.stride(-1) == 1 and k.stride(-1) == 1:
+        from dlm_backend.engine.kernels.rotary import rotary_
+
+        return rotary_(q, k, cos[:, 0], sin[:, 0], full_precision)
+    return apply_rotary(q, cos, sin, full_precision), apply_rotary(k, cos, sin, full_precision)

@@ -5,9 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-from dlm_backend.engine.layers import RotaryTable
+from dlm_backend.engine.kernels import UnmaskStats, use_triton
+from dlm_backend.engine.layers import RMSNorm, RotaryTable
 
 
 @dataclass(frozen=True)
@@ -45,9 +47,11 @@ class DiffusionLM(nn.Module):
     """Base of native model implementations.
 
     ``forward(input_ids [T], positions [T]) -> hidden [T, D]`` over the packed batch described by the
-    attention context; ``compute_logits(hidden [N, D]) -> [N, V]`` applies the final norm and head to
-    just the rows a sampler needs (126k-wide logits for every canvas position would dominate a pass).
-    Each family also provides ``from_config(config_json: dict)``.
+    attention context; ``head() -> (final norm, LM head weight [V, D])``, from which
+    ``compute_logits(hidden [N, D]) -> [N, V]`` applies the final norm and head to just the rows a
+    sampler needs (126k-wide logits for every canvas position would dominate a pass), and
+    ``compute_unmask_stats`` skips the logits altogether. Each family also provides
+    ``from_config(config_json: dict)``.
     ``logits_shift = 1`` means the prediction for position i is read from the output at i - 1 (Dream).
     """
 
@@ -62,3 +66,35 @@ class DiffusionLM(nn.Module):
     def setup(self, device: torch.device | str) -> None:
         """Build non-parameter state (the RoPE table) on the target device after weights load."""
         self.rotary = RotaryTable(self.args.head_dim, self.args.rope_theta, self.args.max_positions, device)
+
+    def head(self) -> tuple[RMSNorm, torch.Tensor]:
+        """The final norm and the LM head weight ``[V, D]``."""
+        raise NotImplementedError
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        norm, weight = self.head()
+        return F.linear(norm(hidden), weight)                  # [N, V]
+
+    def compute_unmask_stats(self, hidden: torch.Tensor, exclude_id: int = -1) -> UnmaskStats:
+        """Greedy token, its probability, top-1/top-2 margin and entropy per row of ``hidden [N, D]``.
+
+        The kernel path never builds the [N, V] logits (one fused Triton pass over the vocabulary);
+        the torch path computes them. Statistics are fp32 softmax over the whole vocabulary;
+        ``exclude_id`` (the mask id) is never chosen nor counted as top-1/top-2.
+        """
+        norm, weight = self.head()
+        h = norm(hidden)
+        if use_triton(h.device):
+            from dlm_backend.engine.kernels.unmask import unmask_stats
+
+            return unmask_stats(h, weight, exclude_id=exclude_id)
+        logits = F.linear(h, weight).float()                   # [N, V]
+        logp = torch.log_softmax(logits, dim=-1)
+        probs = logp.exp()
+        allowed = probs.clone()
+        if 0 <= exclude_id < allowed.shape[1]:
+            allowed[:, exclude_id] = -1.0
+        token = allowed.argmax(-1)                             # first index on ties, like the kernel
+        top = allowed.topk(2, dim=-1).values
+        entropy = -(probs * logp.nan_to_num(neginf=0.0)).sum(-1)
+        return UnmaskStats(token, probs.gather(1, token[:, None])[:, 0], top[:, 0] - top[:, 1], entropy)

@@ -8,10 +8,9 @@ it, unlike LLaDA's fp32 rotation.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from dlm_backend.engine.layers import RMSNorm, apply_rotary, attention, swiglu
+from dlm_backend.engine.layers import RMSNorm, attention, rotate_qk, swiglu
 from dlm_backend.engine.models.base import DiffusionLM, ModelArgs, token_ids
 
 
@@ -30,8 +29,7 @@ class DreamAttention(nn.Module):
         q = self.q_proj(x).view(T, -1, self.head_dim)          # [T, H, hd]
         k = self.k_proj(x).view(T, -1, self.head_dim)          # [T, Hkv, hd]
         v = self.v_proj(x).view(T, -1, self.head_dim)
-        q = apply_rotary(q, cos, sin, full_precision=False)
-        k = apply_rotary(k, cos, sin, full_precision=False)
+        q, k = rotate_qk(q, k, cos, sin, full_precision=False)
         return self.o_proj(attention(q, k, v, self.layer).reshape(T, -1))
 
 
@@ -54,9 +52,12 @@ class DreamLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(args.hidden_size, args.norm_eps)
         self.mlp = DreamMLP(args)
 
-    def forward(self, x, cos, sin):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x, residual, cos, sin):
+        """(previous layer's output, residual stream or None) -> (this layer's output, stream); the
+        residual adds run inside the norms (fused on the kernel path), bitwise equal to unfused."""
+        a, x = self.input_layernorm.add_forward(x, residual)
+        f, x = self.post_attention_layernorm.add_forward(self.self_attn(a, cos, sin), x)
+        return self.mlp(f), x
 
 
 class DreamBase(nn.Module):
@@ -102,12 +103,11 @@ class DreamModel(DiffusionLM):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         cos, sin = self.rotary.lookup(positions)               # [T, 1, hd]
-        x = self.model.embed_tokens(input_ids)                 # [T, D]
+        x, residual = self.model.embed_tokens(input_ids), None  # [T, D]
         for layer in self.model.layers:
-            x = layer(x, cos, sin)
-        return x
+            x, residual = layer(x, residual, cos, sin)
+        return residual + x
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        h = self.model.norm(hidden)
-        weight = self.model.embed_tokens.weight if self.args.tie_word_embeddings else self.lm_head.weight
-        return F.linear(h, weight)                             # [N, V]
+    def head(self) -> tuple[RMSNorm, torch.Tensor]:
+        w = self.model.embed_tokens.weight if self.args.tie_word_embeddings else self.lm_head.weight
+        return self.model.norm, w

@@ -7,10 +7,9 @@ without renaming.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from dlm_backend.engine.layers import RMSNorm, apply_rotary, attention, swiglu
+from dlm_backend.engine.layers import RMSNorm, attention, rotate_qk, swiglu
 from dlm_backend.engine.models.base import DiffusionLM, ModelArgs, token_ids
 
 
@@ -29,18 +28,20 @@ class LLaDABlock(nn.Module):
         self.up_proj = nn.Linear(d, args.intermediate_size, bias=False)
         self.ff_out = nn.Linear(args.intermediate_size, d, bias=False)    # down
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None, cos: torch.Tensor,
+                sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: the previous block's output before its residual add, residual: the running stream (None
+        in block 0). Returns this block's (output, residual); the adds happen inside the norms, so the
+        kernel path fuses each with its RMSNorm. The sums equal the unfused ``x = x + f(x)`` bitwise."""
         T, hd = x.shape[0], self.args.head_dim
-        a = self.attn_norm(x)
+        a, x = self.attn_norm.add_forward(x, residual)           # x: stream after the previous block
         q = self.q_proj(a).view(T, -1, hd)                     # [T, H, hd]
         k = self.k_proj(a).view(T, -1, hd)                     # [T, Hkv, hd]
         v = self.v_proj(a).view(T, -1, hd)
-        q = apply_rotary(q, cos, sin, full_precision=True)
-        k = apply_rotary(k, cos, sin, full_precision=True)
+        q, k = rotate_qk(q, k, cos, sin, full_precision=True)
         o = attention(q, k, v, self.layer).reshape(T, -1)     # [T, D]
-        x = x + self.attn_out(o)
-        f = self.ff_norm(x)
-        return x + self.ff_out(swiglu(self.ff_proj(f), self.up_proj(f)))
+        f, x = self.ff_norm.add_forward(self.attn_out(o), x)   # x: stream after attention
+        return self.ff_out(swiglu(self.ff_proj(f), self.up_proj(f))), x
 
 
 class LLaDATransformer(nn.Module):
@@ -92,13 +93,11 @@ class LLaDAModelLM(DiffusionLM):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         t = self.model.transformer
         cos, sin = self.rotary.lookup(positions)               # [T, 1, hd]
-        x = t.wte(input_ids)                                   # [T, D]
+        x, residual = t.wte(input_ids), None                   # [T, D]
         for block in t.blocks:
-            x = block(x, cos, sin)
-        return x
+            x, residual = block(x, residual, cos, sin)
+        return residual + x
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+    def head(self) -> tuple[RMSNorm, torch.Tensor]:
         t = self.model.transformer
-        h = t.ln_f(hidden)
-        weight = t.wte.weight if self.args.tie_word_embeddings else t.ff_out.weight
-        return F.linear(h, weight)                             # [N, V]
+        return t.ln_f, (t.wte.weight if self.args.tie_word_embeddings else t.ff_out.weight)

@@ -52,6 +52,9 @@ class Sampler(ABC):
     default_block_length: ClassVar[int | None] = 32
     #: whether ``steps`` sets a fixed number of passes per block (False: adaptive rules).
     uses_steps: ClassVar[bool] = False
+    #: whether greedy passes can decide from per-slot (token, confidence) alone
+    #: (:meth:`step_from_stats`), so the kernel path never builds the [N, V] logits.
+    uses_unmask_stats: ClassVar[bool] = False
 
     def validate(self, params: SamplingParams) -> None:
         """Raise SamplingParamsError for parameters this sampler cannot honour."""
@@ -76,6 +79,11 @@ class Sampler(ABC):
     @abstractmethod
     def step(self, inp: StepInput) -> Commit:
         """Choose the slots to commit in this pass (at least one when any are masked)."""
+
+    def step_from_stats(self, stats, params: SamplingParams) -> Commit:
+        """Like :meth:`step` for a greedy pass, from ``UnmaskStats`` of the masked slots (token and
+        fp32 confidence per slot) instead of logits. Only called when ``uses_unmask_stats``."""
+        raise NotImplementedError
 
 
 # -- shared helpers ---------------------------------------------------------------------------

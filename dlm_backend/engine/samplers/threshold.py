@@ -21,9 +21,15 @@ def threshold_select(confidence: torch.Tensor, tau: float) -> list[int]:
 
 class ThresholdSampler(Sampler):
     name = "threshold"
+    uses_unmask_stats = True
 
     def step(self, inp: StepInput) -> Commit:
         x0 = predict_tokens(inp.logits, inp.params.temperature, inp.generator, inp.tokens.mask_id)
         confidence = gather(torch.softmax(inp.logits.to(torch.float64), dim=-1), x0)
         chosen = threshold_select(confidence, inp.params.threshold)
         return Commit(chosen, x0[chosen].tolist())
+
+    def step_from_stats(self, stats, params) -> Commit:
+        # Same rule on the fused kernel's fp32 confidence (the logits path uses float64 softmax).
+        chosen = threshold_select(stats.prob, params.threshold)
+        return Commit(chosen, stats.token[chosen].tolist())
