@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# One-shot GPU check (target: an H200 with no network, a plain copy of the repo, no .venv), < 8 min:
+#   1. environment   2. kernel tests on CUDA   3. CUDA parity (fp32 exact, bf16 within tolerance)
+#   4. per-kernel benchmarks vs torch   5. end-to-end throughput on a random LLaDA-8B-shaped model
+# Results go to $OUT/gpu_check.txt when $OUT is set, else ./gpu_results/gpu_check.txt.
+# Uses the first Python that has torch + triton + a CUDA device ($PYTHON, .venv, python3, python).
+# Every section has a time limit and the whole script a budget; a failing section does not stop
+# the ones after it; the exit code is the number of failed sections.
+set -u
+cd "$(dirname "$0")/.."
+RESULTS="${OUT:-./gpu_results}"
+mkdir -p "$RESULTS"
+LOG="$RESULTS/gpu_check.txt"
+: > "$LOG"
+BUDGET="${GPU_CHECK_BUDGET:-470}"          # seconds for everything
+START=$SECONDS
+FAILED=0
+
+say() { echo "$*" | tee -a "$LOG"; }
+remaining() { echo $(( BUDGET - (SECONDS - START) )); }
+
+# section NAME LIMIT_SECONDS CMD...: run CMD under min(LIMIT, what is left of the budget).
+section() {
+    local name=$1 limit=$2; shift 2
+    local left; left=$(remaining)
+    (( left < limit )) && limit=$left
+    say ""
+    say "=== $name (limit ${limit}s, elapsed $((SECONDS - START))s)"
+    if (( limit < 10 )); then say "SKIPPED: time budget spent"; FAILED=$((FAILED + 1)); return; fi
+    local t0=$SECONDS
+    timeout --kill-after=10 "$limit" "$@" 2>&1 | tee -a "$LOG"
+    local rc=${PIPESTATUS[0]}
+    say "--- $name: rc=$rc in $((SECONDS - t0))s"
+    (( rc != 0 )) && FAILED=$((FAILED + 1))
+    return 0
+}
+
+PROBE='import torch, triton; assert torch.cuda.is_available(), "no CUDA device"; print(torch.__version__, triton.__version__, torch.cuda.get_device_name(0))'
+PY=""
+for cand in "${PYTHON:-}" ./.venv/bin/python python3 python /usr/bin/python3 /opt/conda/bin/python; do
+    [ -n "$cand" ] || continue
+    command -v "$cand" >/dev/null 2>&1 || [ -x "$cand" ] || continue
+    if out=$("$cand" -c "$PROBE" 2>&1); then PY=$cand; say "python: $cand ($out)"; break; fi
+    say "python: $cand unusable: $(echo "$out" | tail -n 1)"
+done
+if [ -z "$PY" ]; then
+    say "FAILED: no Python with torch + triton + a CUDA device. Set PYTHON=/path/to/python."
+    exit 100
+fi
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"     # the package straight from the checkout
+export DLM_DISABLE_PLUGIN_AUTOLOAD=1
+
+# The package's own dependencies: install what is missing if an index is reachable, else say so.
+need_missing() {
+    "$PY" - <<'PYEOF'
+import importlib.util
+mods = {"safetensors": "safetensors", "tokenizers": "tokenizers", "huggingface_hub": "huggingface_hub",
+        "jinja2": "jinja2", "pluggy": "pluggy", "tqdm": "tqdm", "pytest": "pytest", "pytest_asyncio": "pytest-asyncio"}
+print(" ".join(pkg for mod, pkg in mods.items() if importlib.util.find_spec(mod) is None))
+PYEOF
+}
+MISSING=$(need_missing)
+if [ -n "$MISSING" ]; then
+    say "missing: $MISSING; trying pip (fails fast offline)"
+    timeout 60 "$PY" -m pip install --quiet --retries 0 --timeout 5 $MISSING >>"$LOG" 2>&1 \
+        || say "pip could not install them (offline?); sections that need them will fail"
+    MISSING=$(need_missing)
+    [ -n "$MISSING" ] && say "still missing: $MISSING"
+fi
+
+section "environment" 30 bash -c "nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; \
+    '$PY' -c 'import torch, sys; print(sys.version); print(torch.__version__, torch.version.cuda)'"
+
+PYTEST=("$PY" -m pytest -q -p no:cacheprovider -o addopts="")
+section "kernel tests on CUDA" 150 "${PYTEST[@]}" tests/kernels -m "not slow" -k "not parity"
+section "parity on CUDA (fp32 exact, bf16 within tolerance)" 100 "${PYTEST[@]}" tests/kernels/test_gpu_parity.py
+
+for k in attention rmsnorm rotary swiglu unmask; do
+    section "bench_$k" 45 "$PY" "benchmarks/kernels/bench_$k.py"
+done
+
+section "end-to-end: LLaDA-8B shape, random bf16 weights" 200 "$PY" benchmarks/gpu_e2e.py
+
+say ""
+say "gpu_check: $FAILED failed section(s), $((SECONDS - START))s total; log: $LOG"
+exit "$FAILED"

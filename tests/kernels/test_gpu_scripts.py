@@ -1,0 +1,59 @@
+"""The CPU-checkable parts of benchmarks/gpu_check.sh: the random-weight model builder and the
+end-to-end driver at tiny size, the benchmarks' clean exit without CUDA, the script's own guard."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import gpu_e2e  # noqa: E402
+
+TINY = gpu_e2e.llada_config(64, 2, 4, 160, 320, 1024)
+
+
+def test_random_llada_builder():
+    a = gpu_e2e.build_random_llada(TINY, "cpu", torch.float32, seed=3)
+    b = gpu_e2e.build_random_llada(TINY, "cpu", torch.float32, seed=3)
+    c = gpu_e2e.build_random_llada(TINY, "cpu", torch.float32, seed=4)
+    sa, sb, sc = a.state_dict(), b.state_dict(), c.state_dict()
+    assert all(torch.equal(sa[k], sb[k]) for k in sa)                  # a seed fixes the weights
+    assert not torch.equal(sa["model.transformer.blocks.0.q_proj.weight"], sc["model.transformer.blocks.0.q_proj.weight"])
+    assert all(torch.isfinite(t).all() for t in sa.values())
+    assert torch.equal(sa["model.transformer.ln_f.weight"], torch.ones(64))
+    std = sa["model.transformer.blocks.0.ff_out.weight"].std().item()
+    assert abs(std - 160 ** -0.5) < 0.01                                # 1/sqrt(fan_in)
+    assert a.rotary is not None and a.args.vocab_size == 320
+
+
+def test_8b_config_shape():
+    with torch.device("meta"):
+        model = gpu_e2e.LLaDAModelLM.from_config(gpu_e2e.llada_config())
+    n = sum(p.numel() for p in model.parameters())
+    assert 7.9e9 < n < 8.1e9 and model.args.head_dim == 128
+
+
+def test_end_to_end_driver_tiny_cpu(monkeypatch):
+    monkeypatch.setenv("DLM_KERNELS", "torch")
+    model = gpu_e2e.build_random_llada(TINY, "cpu", torch.float32)
+    r = gpu_e2e.measure(model, "cpu", torch.float32, batch=2, prompt_len=6, new_tokens=8, block=4, hbm_tbps=4.8)
+    assert r["tokens"] == 16 and 2 <= r["passes"] <= 8 and r["tokens_per_s"] > 0
+    assert r["block_step_ms"] > 0 and r["refresh_ms"] > 0 and r["graphs"] is False
+
+
+def test_scripts_refuse_cpu_clearly(tmp_path):
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OUT": str(tmp_path), "PYTHON": sys.executable}
+    bench = subprocess.run([sys.executable, str(ROOT / "benchmarks/kernels/bench_rmsnorm.py")], env=env,
+                           capture_output=True, text=True, timeout=120)
+    assert bench.returncode != 0 and "needs a CUDA GPU" in bench.stderr
+    if torch.cuda.is_available():
+        pytest.skip("the gpu_check.sh guard only triggers on a machine without CUDA")
+    check = subprocess.run(["bash", str(ROOT / "benchmarks/gpu_check.sh")], env=env, capture_output=True,
+                           text=True, timeout=120)
+    assert check.returncode == 100
+    assert "no Python with torch + triton + a CUDA device" in (tmp_path / "gpu_check.txt").read_text()
