@@ -13,6 +13,7 @@ from dlm_backend.engine.layers import AttentionContext, Segment, attention_conte
 from dlm_backend.engine.models.base import DiffusionLM
 from dlm_backend.engine.samplers.base import StepInput, TokenInfo
 from dlm_backend.engine.sequence import Sequence
+from dlm_backend.errors import EngineError
 
 
 class ModelRunner:
@@ -110,6 +111,9 @@ class ModelRunner:
             plans.append((candidates, [i * q_len + p - shift - start for p in candidates], False))
         return hidden, plans
 
+    def _index(self, rows: list[int]) -> torch.Tensor:
+        return torch.tensor(rows, dtype=torch.long, device=self.device)
+
     @torch.inference_mode()
     def step(self, seqs: list[Sequence]) -> None:
         """One denoising pass for every sequence in ``seqs`` (each commits at least one token)."""
@@ -126,9 +130,8 @@ class ModelRunner:
         fused = [use_triton(self.device) and self._wants_stats(seq) for seq in seqs]
         logit_rows = [r for f, (_, rows, _) in zip(fused, plans) if not f for r in rows]
         stat_rows = [r for f, (_, rows, _) in zip(fused, plans) if f for r in rows]
-        index = lambda rows: torch.tensor(rows, dtype=torch.long, device=self.device)  # noqa: E731
-        logits = self.model.compute_logits(hidden[index(logit_rows)]) if logit_rows else None     # [N, V]
-        stats = (self.model.compute_unmask_stats(hidden[index(stat_rows)], self.tokens.mask_id)
+        logits = self.model.compute_logits(hidden[self._index(logit_rows)]) if logit_rows else None  # [N, V]
+        stats = (self.model.compute_unmask_stats(hidden[self._index(stat_rows)], self.tokens.mask_id)
                  if stat_rows else None)
 
         first = {False: 0, True: 0}

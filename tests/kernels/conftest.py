@@ -6,10 +6,12 @@ defined), so it is set here, at collection, before any kernel module is imported
 
 import os
 
-import pytest
 import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-pytest.importorskip("triton")
+try:
+    import triton  # noqa: F401
+except ImportError:  # CPU installs without the [triton] extra: only the script checks can run
+    collect_ignore_glob = ["test_kernel_*.py", "test_gpu_parity.py"]

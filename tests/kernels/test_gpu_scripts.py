@@ -49,11 +49,11 @@ def test_end_to_end_driver_tiny_cpu(monkeypatch):
 def test_scripts_refuse_cpu_clearly(tmp_path):
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OUT": str(tmp_path), "PYTHON": sys.executable}
     bench = subprocess.run([sys.executable, str(ROOT / "benchmarks/kernels/bench_rmsnorm.py")], env=env,
-                           capture_output=True, text=True, timeout=120)
+                           capture_output=True, text=True, timeout=120, check=False)
     assert bench.returncode != 0 and "needs a CUDA GPU" in bench.stderr
     if torch.cuda.is_available():
         pytest.skip("the gpu_check.sh guard only triggers on a machine without CUDA")
     check = subprocess.run(["bash", str(ROOT / "benchmarks/gpu_check.sh")], env=env, capture_output=True,
-                           text=True, timeout=120)
+                           text=True, timeout=120, check=False)
     assert check.returncode == 100
     assert "no Python with torch + triton + a CUDA device" in (tmp_path / "gpu_check.txt").read_text()

@@ -39,7 +39,7 @@ def kernels_mode() -> str:
     return mode
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def triton_available() -> bool:
     """Whether ``import triton`` works here."""
     try:

@@ -25,13 +25,16 @@ from dlm_backend.engine.kernels._common import dot_upcast, is_fp32, next_pow2
 
 @triton.jit
 def _dot(a, b, IEEE: tl.constexpr, UPCAST: tl.constexpr):
-    """a @ b with fp32 accumulation; IEEE for fp32 inputs, fp32 operands under the interpreter."""
+    """a @ b with fp32 accumulation; IEEE products for fp32 inputs (Triton defaults to TF32), fp32
+    operands under the interpreter for bf16 (see _common.dot_upcast)."""
     if UPCAST:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
-    elif IEEE:
-        return tl.dot(a, b, input_precision="ieee")
+        a = a.to(tl.float32)
+        b = b.to(tl.float32)
+    if IEEE or UPCAST:
+        r = tl.dot(a, b, input_precision="ieee")
     else:
-        return tl.dot(a, b)
+        r = tl.dot(a, b)
+    return r
 
 
 @triton.jit
