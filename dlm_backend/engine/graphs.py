@@ -122,15 +122,26 @@ class BlockGraphs:
         self.steps: dict[tuple[int, int, int], StaticBlockStep] = {}
         self.pool = torch.cuda.graph_pool_handle() if capture else None
 
-    def q_len(self, seqs, shift: int) -> int | None:
-        """The shared window length if every sequence is in a dual-cache block step, else None."""
-        lengths = set()
+    @staticmethod
+    def window_len(seq, shift: int) -> int | None:
+        """The fixed window length of a dual-cache block step, or None if ``seq`` is not in one."""
+        p = seq.params
+        if p.cache != "dual" or seq.step_in_block == 0 or p.cfg_scale > 0 or seq.block_start - shift < 0:
+            return None
+        return seq.block_end - seq.block_start + shift
+
+    def split(self, seqs, shift: int) -> tuple[list, int | None]:
+        """The largest group of ``seqs`` sharing one block-step shape (at most the largest bucket) and
+        its window length; the rest (block starts, other modes) take the varlen path."""
+        groups: dict[int, list] = {}
         for seq in seqs:
-            p = seq.params
-            if p.cache != "dual" or seq.step_in_block == 0 or p.cfg_scale > 0 or seq.block_start - shift < 0:
-                return None
-            lengths.add(seq.block_end - seq.block_start + shift)
-        return lengths.pop() if len(lengths) == 1 and bucket_for(len(seqs)) else None
+            q_len = self.window_len(seq, shift)
+            if q_len is not None:
+                groups.setdefault(q_len, []).append(seq)
+        if not groups:
+            return [], None
+        q_len, group = max(groups.items(), key=lambda kv: len(kv[1]))
+        return group[:BUCKETS[-1]], q_len
 
     def forward(self, seqs, caches, shift: int, q_len: int) -> torch.Tensor:
         """Hidden states ``[bucket * q_len, D]``; sequence i owns rows ``i*q_len .. (i+1)*q_len``."""

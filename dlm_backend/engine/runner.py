@@ -111,6 +111,18 @@ class ModelRunner:
             plans.append((candidates, [i * q_len + p - shift - start for p in candidates], False))
         return hidden, plans
 
+    def _gather_rows(self, seqs: list[Sequence], parts):
+        """Stack the candidate rows of every forward part into one [N, D] tensor, with each sequence's
+        plan re-pointed at its rows there, in ``seqs`` order."""
+        chosen, by_seq, n = [], {}, 0
+        for part_seqs, hidden, plans in parts:
+            chosen.append(hidden[self._index([r for _, rows, _ in plans for r in rows])])
+            for seq, (candidates, rows, cfg) in zip(part_seqs, plans):
+                by_seq[id(seq)] = (candidates, list(range(n, n + len(rows))), cfg)
+                n += len(rows)
+        hidden = chosen[0] if len(chosen) == 1 else torch.cat(chosen)
+        return hidden, [by_seq[id(s)] for s in seqs]
+
     def _index(self, rows: list[int]) -> torch.Tensor:
         return torch.tensor(rows, dtype=torch.long, device=self.device)
 
@@ -120,19 +132,28 @@ class ModelRunner:
         shift = self.logits_shift
         for seq in seqs:
             seq.begin_block_if_needed()
-        q_len = self.graphs.q_len(seqs, shift) if self.graphs is not None else None
-        if q_len is not None:
-            hidden, plans = self._forward_static(seqs, shift, q_len)
-        else:
-            hidden, plans = self._forward_packed(seqs, shift)
-
+        # Dual-cache block steps of one shape run as a fixed-shape (CUDA graph) forward; the others
+        # (block starts, other cache modes) as one packed varlen forward beside it.
+        static, q_len = self.graphs.split(seqs, shift) if self.graphs is not None else ([], None)
+        in_static = {id(s) for s in static}
+        packed = [s for s in seqs if id(s) not in in_static]
+        parts = []
+        if static:
+            parts.append((static, *self._forward_static(static, shift, q_len)))
+        if packed:
+            parts.append((packed, *self._forward_packed(packed, shift)))
+        hidden, plans = self._gather_rows(seqs, parts)
         # Rows of sequences whose sampler decides from fused statistics skip the [N, V] logits.
         fused = [use_triton(self.device) and self._wants_stats(seq) for seq in seqs]
+        logits = stats = None
         logit_rows = [r for f, (_, rows, _) in zip(fused, plans) if not f for r in rows]
         stat_rows = [r for f, (_, rows, _) in zip(fused, plans) if f for r in rows]
-        logits = self.model.compute_logits(hidden[self._index(logit_rows)]) if logit_rows else None  # [N, V]
-        stats = (self.model.compute_unmask_stats(hidden[self._index(stat_rows)], self.tokens.mask_id)
-                 if stat_rows else None)
+        if logit_rows:
+            in_order = logit_rows == list(range(hidden.shape[0]))    # the usual case: skip a copy
+            h = hidden if in_order else hidden[self._index(logit_rows)]
+            logits = self.model.compute_logits(h)                                          # [N, V]
+        if stat_rows:
+            stats = self.model.compute_unmask_stats(hidden[self._index(stat_rows)], self.tokens.mask_id)
 
         first = {False: 0, True: 0}
         for seq, f, (candidates, rows, cfg) in zip(seqs, fused, plans):

@@ -109,7 +109,9 @@ def test_static_block_step_equals_varlen_path(family, monkeypatch):
 
     monkeypatch.setattr(runner, "_forward_static", checked)
     got = llm.generate(prompt_token_ids=prompts, sampling_params=params)
-    assert compared and max(compared) == 3                  # the static path really ran, padded 3 -> 4
+    # The static path really ran, with all three (padded to a bucket of 4) and, once their blocks fell
+    # out of step, with fewer beside a varlen forward for the sequences at a block start.
+    assert 3 in compared and min(compared) < 3
     assert [o.token_ids for o in got] == [o.token_ids for o in want]
 
 
