@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from dlm_backend.engine.kernels import use_triton
+from dlm_backend.engine.kernels import use_kernels
 from dlm_backend.engine.layers import AttentionContext, attention_context
 
 BUCKETS = (1, 2, 4, 8, 16, 32)
@@ -60,7 +60,7 @@ class StaticBlockStep:
         p = self.pos.view(B, M)
         kp[self.slot_rows, :, p] = k.view(B, M, k.shape[1], k.shape[2])               # no host sync
         vp[self.slot_rows, :, p] = v.view(B, M, v.shape[1], v.shape[2])
-        if use_triton(q.device):
+        if use_kernels(q):
             from dlm_backend.engine.kernels.attention import attention as flash
 
             return flash(q, kp, vp, self.cu_q, self.k_start, self.k_len, M)

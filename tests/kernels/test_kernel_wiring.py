@@ -46,6 +46,7 @@ def _mixed_forward(model, ids, length):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
+@torch.inference_mode()
 def test_model_forward_kernel_path_matches_torch(family, monkeypatch):
     model = LLM(str(PARITY / family), dtype="float32").engine.runner.model
     ids = torch.tensor((PROMPT * 3)[:26])
@@ -78,6 +79,26 @@ def test_engine_on_kernel_path_uses_fused_unmasking(monkeypatch):
     monkeypatch.setattr(model, "compute_logits", lambda h: pytest.fail("logits built on the fused path"))
     got = llm.generate(prompt_token_ids=[PROMPT, PROMPT[:5]], sampling_params=params)
     assert [o.token_ids for o in got] == [o.token_ids for o in want]
+
+
+def test_autograd_passes_run_the_torch_code(monkeypatch):
+    # Training (grad enabled) must never reach a forward-only kernel, even with DLM_KERNELS=triton.
+    monkeypatch.setenv("DLM_KERNELS", "triton")
+    from dlm_backend.engine.models.llada import LLaDAModelLM
+
+    model = LLaDAModelLM.from_config(json.loads((PARITY / "llada-tiny" / "config.json").read_text()))
+    model.setup("cpu")                                      # fresh trainable parameters
+    calls = []
+    import dlm_backend.engine.kernels.rmsnorm as rms
+
+    monkeypatch.setattr(rms, "rmsnorm", lambda *a: calls.append(1) or rms.rmsnorm_ref(*a))
+    ids = torch.tensor(PROMPT[:8])
+    with attention_context(AttentionContext(rows=(1, 8))):
+        model(ids, torch.arange(8)).sum().backward()
+    assert calls == [] and model.model.transformer.blocks[0].q_proj.weight.grad is not None
+    with torch.no_grad(), attention_context(AttentionContext(rows=(1, 8))):
+        model(ids, torch.arange(8))
+    assert calls                                            # without autograd the kernel runs
 
 
 def test_buckets():

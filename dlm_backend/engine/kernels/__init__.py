@@ -4,7 +4,8 @@ that decides which one the layers run.
 ``DLM_KERNELS`` picks: ``auto`` (default) runs the kernels on CUDA devices when Triton imports and
 the torch code everywhere else; ``torch`` always runs the torch code; ``triton`` always runs the
 kernels, which on a CPU tensor needs Triton's interpreter (``TRITON_INTERPRET=1``, slow, for
-tests). Nothing here imports Triton until a kernel is actually wanted, so CPU installs without it
+tests). The kernels are forward-only, so a pass that records autograd runs the torch code whatever
+the mode (:func:`use_kernels`). Nothing here imports Triton until a kernel is actually wanted, so CPU installs without it
 work unchanged.
 """
 
@@ -74,4 +75,10 @@ def use_triton(device: torch.device | str) -> bool:
     return True
 
 
-__all__ = ["MODES", "UnmaskStats", "kernels_mode", "triton_available", "use_triton"]
+def use_kernels(t: torch.Tensor) -> bool:
+    """Whether a layer should run its Triton kernel on ``t``: :func:`use_triton` for its device, and
+    no autograd recording (the kernels are forward-only; training runs the torch code)."""
+    return not torch.is_grad_enabled() and use_triton(t.device)
+
+
+__all__ = ["MODES", "UnmaskStats", "use_kernels", "kernels_mode", "triton_available", "use_triton"]

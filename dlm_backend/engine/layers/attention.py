@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from dlm_backend.engine.kernels import use_triton
+from dlm_backend.engine.kernels import use_kernels
 
 
 @dataclass
@@ -70,7 +70,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> 
     ctx = get_context()
     if ctx.batch is not None:
         return ctx.batch.attend(q, k, v, layer)
-    if use_triton(q.device):
+    if use_kernels(q):
         return _attention_kernel_path(ctx, q, k, v, layer)
     n_rep = q.shape[1] // k.shape[1]
     if ctx.rows is not None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from dlm_backend.engine.kernels import use_triton
+from dlm_backend.engine.kernels import use_kernels
 
 
 class RMSNorm(nn.Module):
@@ -19,7 +19,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def _fusable(self, x: torch.Tensor) -> bool:
-        return x.dim() == 2 and x.stride(-1) == 1 and x.dtype == self.weight.dtype and use_triton(x.device)
+        return x.dim() == 2 and x.stride(-1) == 1 and x.dtype == self.weight.dtype and use_kernels(x)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [T, D]
         if self._fusable(x):

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dlm_backend.engine.kernels import UnmaskStats, use_triton
+from dlm_backend.engine.kernels import UnmaskStats, use_kernels
 from dlm_backend.engine.layers import RMSNorm, RotaryTable
 
 
@@ -84,7 +84,7 @@ class DiffusionLM(nn.Module):
         """
         norm, weight = self.head()
         h = norm(hidden)
-        if use_triton(h.device):
+        if use_kernels(h):
             from dlm_backend.engine.kernels.unmask import unmask_stats
 
             return unmask_stats(h, weight, exclude_id=exclude_id)
