@@ -222,9 +222,9 @@ def complete(llm, request: ChatRequest) -> ChatResult:
     return prep.finish(out)
 
 
-async def acomplete(llm, request: ChatRequest) -> ChatResult:
-    """``complete`` without blocking the event loop."""
-    prep = Prepared(llm, request)
+async def acomplete(llm, request: ChatRequest, prep: Prepared | None = None) -> ChatResult:
+    """``complete`` without blocking the event loop (``prep``: the request already prepared)."""
+    prep = prep or Prepared(llm, request)
     out = (await llm.agenerate(prompt_token_ids=[prep.prompt_ids], sampling_params=request.params,
                                response_template=prep.template))[0]
     return prep.finish(out)
@@ -274,9 +274,9 @@ def stream(llm, request: ChatRequest) -> Iterator[ChatDelta]:
             yield from splitter.close(prep.finish(chunk.output))
 
 
-async def astream(llm, request: ChatRequest) -> AsyncIterator[ChatDelta]:
-    """``stream`` without blocking the event loop."""
-    prep = Prepared(llm, request)
+async def astream(llm, request: ChatRequest, prep: Prepared | None = None) -> AsyncIterator[ChatDelta]:
+    """``stream`` without blocking the event loop (``prep``: the request already prepared)."""
+    prep = prep or Prepared(llm, request)
     splitter = _Splitter(prep)
     async for chunk in llm.astream(prompt_token_ids=prep.prompt_ids, sampling_params=request.params,
                                    response_template=prep.template):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from dlm_backend.errors import DLMError
@@ -95,8 +96,17 @@ def cmd_serve(args) -> int:
     import uvicorn
 
     from dlm_backend.server import create_app
+    from dlm_backend.server.app import ServerConfig
 
-    app = create_app(args.model, served_name=args.served_model_name, device=args.device)
+    api_key = args.api_key or os.environ.get("DLM_API_KEY") or None
+    if args.host not in ("127.0.0.1", "localhost", "::1") and not api_key:
+        print(f"warning: serving on {args.host} without an API key; anyone who can reach this port can "
+              "use the model. Set --api-key or DLM_API_KEY.", file=sys.stderr)
+    config = ServerConfig(model=args.model, served_name=args.served_model_name, device=args.device,
+                          api_key=api_key, max_body_bytes=args.max_body_bytes,
+                          max_tokens_limit=args.max_tokens_limit, max_prompt_tokens=args.max_prompt_tokens,
+                          max_waiting=args.max_waiting, max_num_seqs=args.max_num_seqs)
+    app = create_app(config=config)
     if not args.lazy:
         app.state.llm()           # load before accepting connections
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
@@ -141,6 +151,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--served-model-name", default=None)
     p.add_argument("--lazy", action="store_true", help="load the model on the first request")
+    p.add_argument("--api-key", default=None, help="require this bearer key on every route but /health "
+                   "(default: $DLM_API_KEY; none = open, fine on 127.0.0.1)")
+    p.add_argument("--max-body-bytes", type=int, default=1 << 20, help="larger request bodies get 413")
+    p.add_argument("--max-tokens-limit", type=int, default=4096, help="largest max_tokens a request may ask")
+    p.add_argument("--max-prompt-tokens", type=int, default=None, help="longest prompt (default: the context)")
+    p.add_argument("--max-num-seqs", type=int, default=64, help="requests denoised together per pass")
+    p.add_argument("--max-waiting", type=int, default=256, help="queued requests beyond that; then 429")
     p.set_defaults(func=cmd_serve)
     sub.add_parser("models", help="list supported architectures").set_defaults(func=cmd_models)
     sub.add_parser("plugins", help="list loaded plugins and samplers").set_defaults(func=cmd_plugins)

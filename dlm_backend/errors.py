@@ -41,3 +41,7 @@ class RequestAbortedError(DLMError):
 
 class EngineError(DLMError):
     """A request failed inside the engine; other requests keep running."""
+
+
+class QueueFullError(DLMError):
+    """The engine's waiting queue is at its bound; the request was not queued (HTTP 429)."""

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
+import socket
+import threading
+import time
 from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -72,3 +76,25 @@ def make_chat_checkpoint(dest: Path, family: str, **config_overrides) -> Path:
     }
     (dest / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2))
     return dest
+
+
+@contextlib.contextmanager
+def serve_in_thread(app):
+    """Run a FastAPI app with uvicorn on a free loopback port; yields its base URL."""
+    import uvicorn
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    for _ in range(400):
+        if srv.started:
+            break
+        time.sleep(0.025)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        srv.should_exit = True
+        thread.join(timeout=10)

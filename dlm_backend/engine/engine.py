@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from dlm_backend.engine.loader import default_dtype, load_model, read_config, resolve_checkpoint
+from dlm_backend.engine.metrics import EngineStats
 from dlm_backend.engine.models.base import token_ids
 from dlm_backend.engine.outputs import GenerationOutput, StreamChunk
 from dlm_backend.engine.params import SamplingParams
@@ -20,7 +21,7 @@ from dlm_backend.engine.samplers.base import Sampler, TokenInfo
 from dlm_backend.engine.scheduler import Scheduler
 from dlm_backend.engine.sequence import Sequence
 from dlm_backend.engine.tokenizer import Tokenizer
-from dlm_backend.errors import ContextLengthError, DLMError, SamplingParamsError, TokenizerError
+from dlm_backend.errors import ContextLengthError, DLMError, QueueFullError, SamplingParamsError, TokenizerError
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -36,12 +37,13 @@ class EngineConfig:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 32768
     max_model_len: int | None = None
+    max_waiting: int = 1024          # queued (not yet running) requests; beyond it add_request refuses
 
     def __post_init__(self):
         if self.dtype != "auto" and self.dtype not in DTYPES:
             raise DLMError(f"dtype {self.dtype!r} is not supported; use 'auto' or one of {', '.join(DTYPES)}.")
-        if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
-            raise DLMError("max_num_seqs and max_num_batched_tokens must be >= 1.")
+        if min(self.max_num_seqs, self.max_num_batched_tokens, self.max_waiting) < 1:
+            raise DLMError("max_num_seqs, max_num_batched_tokens and max_waiting must be >= 1.")
 
 
 class LLMEngine:
@@ -68,6 +70,7 @@ class LLMEngine:
         self.scheduler = Scheduler(config.max_num_seqs, config.max_num_batched_tokens, model.logits_shift)
         self.samplers: dict[str, Sampler] = {name: cls() for name, cls in registered_samplers().items()}
         self._texts: dict[int, str] = {}     # seq_id -> text already emitted
+        self.stats = EngineStats()
 
     def _token_info(self) -> TokenInfo:
         a, gen = self.model_args, self.hf_config.get("_generation_config", {})
@@ -97,6 +100,10 @@ class LLMEngine:
         ``response_template`` fixes output tokens in advance (``None`` = a slot to denoise); it must
         fit in ``max_tokens``.
         """
+        if self.is_full:
+            self.stats.record_rejected()
+            raise QueueFullError(f"The engine's queue is full ({self.config.max_waiting} requests waiting). "
+                                 "Retry shortly, or raise max_waiting.")
         if not prompt_token_ids:
             raise DLMError("The prompt is empty. Pass at least one token (a diffusion model needs "
                            "context to condition on).")
@@ -131,6 +138,7 @@ class LLMEngine:
             return None
         seq.finish("abort")
         chunk = self._chunk(seq)
+        self.stats.record_finish("abort")
         self.scheduler.remove_finished()
         self.runner.free(seq)
         self._texts.pop(seq.seq_id, None)
@@ -139,6 +147,24 @@ class LLMEngine:
     @property
     def has_unfinished(self) -> bool:
         return self.scheduler.num_unfinished > 0
+
+    @property
+    def is_full(self) -> bool:
+        """No room for another request: every slot taken and ``max_waiting`` already queued.
+
+        Requests that arrived since the last step count against free slots first, so a burst into an
+        idle engine is never refused.
+        """
+        free_slots = max(0, self.scheduler.max_num_seqs - len(self.scheduler.running))
+        return len(self.scheduler.waiting) >= self.config.max_waiting + free_slots
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.scheduler.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.scheduler.running)
 
     # -- stepping ---------------------------------------------------------------------------
 
@@ -153,6 +179,11 @@ class LLMEngine:
             chunk = self._chunk(seq)
             if chunk.delta_token_ids or chunk.delta_text or chunk.finished:
                 chunks.append(chunk)
+        if batch:
+            self.stats.record_step(len(batch), sum(len(c.delta_token_ids) for c in chunks))
+        for chunk in chunks:
+            if chunk.finished:
+                self.stats.record_finish("error" if chunk.error else chunk.finish_reason)
         for seq in self.scheduler.remove_finished():
             self.runner.free(seq)
             self._texts.pop(seq.seq_id, None)

@@ -39,10 +39,11 @@ class LLM:
 
     def __init__(self, model: str | None = None, *, device: str | None = None, dtype: str = "auto",
                  revision: str | None = None, max_num_seqs: int = 64,
-                 max_num_batched_tokens: int = 32768, max_model_len: int | None = None):
+                 max_num_batched_tokens: int = 32768, max_model_len: int | None = None,
+                 max_waiting: int = 1024):
         self.config = EngineConfig(model=str(model or default_model()), device=device, dtype=dtype, revision=revision,
                                    max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                                   max_model_len=max_model_len)
+                                   max_model_len=max_model_len, max_waiting=max_waiting)
         self._loop = _engine_loop(self.config)
 
     @property
@@ -131,13 +132,24 @@ class LLM:
                         prompt_token_ids=None, response_template=None) -> list[GenerationOutput]:
         """``generate`` without blocking the event loop."""
         params = sampling_params or SamplingParams()
-        futures = []
-        for ids in self._prompt_ids(prompts, prompt_token_ids):
-            q = _AsyncQueue()
-            self._loop.submit(ids, params, _final_only(q.put), background=True,
-                              response_template=response_template)
-            futures.append(q.get())
-        return [_unwrap(chunk) for chunk in await asyncio.gather(*futures)]
+        futures, request_ids = [], []
+        try:
+            for ids in self._prompt_ids(prompts, prompt_token_ids):
+                q = _AsyncQueue()
+                request_ids.append(self._loop.submit(ids, params, _final_only(q.put), background=True,
+                                                     response_template=response_template))
+                futures.append(q.get())
+            gathered, futures = asyncio.gather(*futures), []
+            chunks = await gathered
+        except BaseException:
+            # Cancelled (a client went away, a timeout) or a later prompt was refused: free the
+            # slots now rather than finishing work nobody will read. Aborting a finished id is a no-op.
+            for request_id in request_ids:
+                self._loop.abort(request_id)
+            for future in futures:     # coroutines never handed to gather
+                future.close()
+            raise
+        return [_unwrap(chunk) for chunk in chunks]
 
     async def achat(self, messages: list[dict], sampling_params: SamplingParams | None = None, *,
                     tools: list[dict] | None = None, **template_kwargs) -> GenerationOutput:

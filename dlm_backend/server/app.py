@@ -1,49 +1,99 @@
-"""FastAPI app: /v1/models, /v1/chat/completions, /v1/completions, /health.
+"""FastAPI app: /v1/models, /v1/chat/completions, /v1/completions, /metrics, /health.
 
 Routes translate OpenAI requests into the shared chat core (:mod:`dlm_backend.chat`) and results
-back; they hold no engine logic. Bad input is a 400 with the DLMError's message, never a traceback.
+back; they hold no engine logic. Bad input is a 4xx with a message saying what to fix, never a
+traceback: 400 for invalid requests, 401 for a wrong API key, 413 for oversized bodies, 429 with
+Retry-After when the engine's queue is full, 500 when one request fails inside the engine (the others
+keep running). A client that disconnects frees its engine slot at the next step.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
+from dataclasses import dataclass
 from typing import AsyncIterator
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException
 
 from dlm_backend import chat
 from dlm_backend.adapters.common import sampling_params
 from dlm_backend.engine.llm import LLM
-from dlm_backend.errors import DLMError
+from dlm_backend.errors import DLMError, EngineError, QueueFullError
+from dlm_backend.server.metrics import CONTENT_TYPE, make_registry, metrics_text
 from dlm_backend.server.protocol import ChatCompletionRequest, CompletionRequest
+from dlm_backend.server.security import APIKeyMiddleware, BodyLimitMiddleware
 
 DEFAULTS = {"max_tokens": 256, "block_length": 32, "kv_cache": "dual"}
+DISCONNECT_POLL_S = 0.25
 
 
-def _error(status: int, message: str, kind: str = "invalid_request_error") -> JSONResponse:
-    return JSONResponse(status_code=status, content={"error": {"message": message, "type": kind}})
+@dataclass
+class ServerConfig:
+    """Limits and security of one server. ``None`` limits fall back to the model's own."""
+
+    model: str | None = None
+    served_name: str | None = None
+    device: str | None = None
+    api_key: str | None = None              # required on every route but /health when set
+    max_body_bytes: int = 1 << 20           # 1 MiB: a long RAG prompt is ~100 KB
+    max_tokens_limit: int = 4096            # largest max_tokens a request may ask for
+    max_prompt_tokens: int | None = None    # default: the model's context minus max_tokens
+    max_waiting: int = 256                  # queued requests beyond the running ones; then 429
+    max_num_seqs: int = 64                  # requests denoised together in one batch
 
 
-def create_app(model: str | None = None, served_name: str | None = None, device: str | None = None) -> FastAPI:
-    """The app for one model; it loads on the first request (or at startup with ``warm()``)."""
+def _error(status: int, message: str, kind: str = "invalid_request_error", headers=None) -> JSONResponse:
+    return JSONResponse(status_code=status, content={"error": {"message": message, "type": kind}}, headers=headers)
+
+
+class _Busy(Exception):
+    pass
+
+
+def create_app(model: str | None = None, served_name: str | None = None, device: str | None = None,
+               config: ServerConfig | None = None) -> FastAPI:
+    """The app for one model; it loads on the first request (or at startup with ``app.state.llm()``)."""
+    cfg = config or ServerConfig(model=model, served_name=served_name, device=device)
     app = FastAPI(title="dlm_backend", version="0.1.0")
-    name = served_name or (model or "dlm-tiny").rstrip("/").split("/")[-1]
+    name = cfg.served_name or (cfg.model or "dlm-tiny").rstrip("/").split("/")[-1]
     state: dict = {}
 
     def llm() -> LLM:
         if "llm" not in state:
-            state["llm"] = LLM(model, device=device)
+            state["llm"] = LLM(cfg.model, device=cfg.device, max_num_seqs=cfg.max_num_seqs,
+                               max_waiting=cfg.max_waiting)
         return state["llm"]
 
     app.state.llm = llm
+    app.state.config = cfg
+    registry = make_registry(lambda: state["llm"].engine if "llm" in state else None)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=cfg.max_body_bytes)
+    if cfg.api_key:
+        app.add_middleware(APIKeyMiddleware, api_key=cfg.api_key)
 
     @app.exception_handler(DLMError)
     async def dlm_error(_: Request, exc: DLMError):
         return _error(400, str(exc))
+
+    @app.exception_handler(QueueFullError)
+    @app.exception_handler(_Busy)
+    async def busy(_: Request, exc: Exception):
+        return _error(429, str(exc) or "The server is busy; retry shortly.", "rate_limit_error",
+                      headers={"Retry-After": "1"})
+
+    @app.exception_handler(EngineError)
+    async def engine_error(_: Request, exc: EngineError):
+        return _error(500, f"{exc} Other requests are unaffected; retrying may succeed.", "server_error")
+
+    @app.exception_handler(HTTPException)
+    async def http_error(_: Request, exc: HTTPException):
+        return _error(exc.status_code, str(exc.detail), headers=getattr(exc, "headers", None))
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, exc: RequestValidationError):
@@ -55,25 +105,43 @@ def create_app(model: str | None = None, served_name: str | None = None, device:
     async def internal_error(_: Request, exc: Exception):
         return _error(500, f"Internal error ({type(exc).__name__}); the server keeps running.", "server_error")
 
+    def admit(num_prompt_tokens: int, max_tokens: int) -> None:
+        """Server limits, checked before anything is queued."""
+        if max_tokens > cfg.max_tokens_limit:
+            raise DLMError(f"max_tokens {max_tokens} is over this server's limit of {cfg.max_tokens_limit}; "
+                           "ask for fewer tokens.")
+        if cfg.max_prompt_tokens is not None and num_prompt_tokens > cfg.max_prompt_tokens:
+            raise DLMError(f"The prompt has {num_prompt_tokens} tokens, over this server's limit of "
+                           f"{cfg.max_prompt_tokens}; shorten it (fewer documents or turns).")
+        if llm().engine.is_full:
+            raise _Busy(f"The server is at capacity ({cfg.max_waiting} requests queued); retry shortly.")
+
     @app.get("/health")
     async def health():
         return {"status": "ok"}
+
+    @app.get("/metrics")
+    async def metrics():
+        return Response(metrics_text(registry), media_type=CONTENT_TYPE)
 
     @app.get("/v1/models")
     async def models():
         return {"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "dlm_backend"}]}
 
     @app.post("/v1/chat/completions")
-    async def chat_completions(body: ChatCompletionRequest):
+    async def chat_completions(body: ChatCompletionRequest, http: Request):
         request = chat.ChatRequest(body.messages, sampling_params(DEFAULTS, body.knobs()), tools=body.tools,
                                    tool_choice=body.tool_choice, response_format=body.response_format)
+        prep = chat.Prepared(llm(), request)          # validates before the 200 goes out
+        admit(len(prep.prompt_ids), request.params.max_tokens)
         rid, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
         if body.stream:
             include_usage = bool((body.stream_options or {}).get("include_usage"))
-            chat.Prepared(llm(), request)       # validate before the 200 goes out
-            return StreamingResponse(_chat_sse(llm(), request, rid, created, name, include_usage),
+            return StreamingResponse(_chat_sse(llm(), request, prep, rid, created, name, include_usage),
                                      media_type="text/event-stream")
-        result = await chat.acomplete(llm(), request)
+        result = await _unless_disconnected(http, chat.acomplete(llm(), request, prep))
+        if result is None:
+            return Response(status_code=499)
         message = {"role": "assistant", "content": result.content if not result.tool_calls else (result.content or None)}
         if result.tool_calls:
             message["tool_calls"] = result.tool_calls
@@ -82,16 +150,21 @@ def create_app(model: str | None = None, served_name: str | None = None, device:
                 "usage": result.usage, "dlm": {"num_forward_passes": result.output.num_forward_passes}}
 
     @app.post("/v1/completions")
-    async def completions(body: CompletionRequest):
+    async def completions(body: CompletionRequest, http: Request):
         prompts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
         if len(prompts) != 1:
             return _error(400, "Send one prompt per request (batch by sending concurrent requests).")
         params = sampling_params(DEFAULTS, body.knobs())
+        ids = llm().tokenizer.encode(prompts[0])
+        admit(len(ids), params.max_tokens)
         rid, created = f"cmpl-{uuid.uuid4().hex[:24]}", int(time.time())
         if body.stream:
-            return StreamingResponse(_completion_sse(llm(), prompts[0], params, rid, created, name),
+            return StreamingResponse(_completion_sse(llm(), ids, params, rid, created, name),
                                      media_type="text/event-stream")
-        out = (await llm().agenerate(prompts[0], params))[0]
+        outs = await _unless_disconnected(http, llm().agenerate(prompt_token_ids=[ids], sampling_params=params))
+        if outs is None:
+            return Response(status_code=499)
+        out = outs[0]
         return {"id": rid, "object": "text_completion", "created": created, "model": name,
                 "choices": [{"index": 0, "text": out.text, "finish_reason": out.finish_reason, "logprobs": None}],
                 "usage": out.usage}
@@ -99,15 +172,28 @@ def create_app(model: str | None = None, served_name: str | None = None, device:
     return app
 
 
+async def _unless_disconnected(http: Request, work):
+    """Await ``work``; if the client goes away first, cancel it (freeing its engine slot) and return None."""
+    task = asyncio.ensure_future(work)
+    while True:
+        done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
+        if done:
+            return task.result()
+        if await http.is_disconnected():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            return None
+
+
 def _sse(obj) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
 
-async def _chat_sse(llm, request, rid, created, name, include_usage) -> AsyncIterator[str]:
+async def _chat_sse(llm, request, prep, rid, created, name, include_usage) -> AsyncIterator[str]:
     base = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": name}
     yield _sse({**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]})
     try:
-        async for delta in chat.astream(llm, request):
+        async for delta in chat.astream(llm, request, prep):
             if delta.result is not None:
                 yield _sse({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": delta.result.finish_reason}]})
                 if include_usage:
@@ -118,15 +204,24 @@ async def _chat_sse(llm, request, rid, created, name, include_usage) -> AsyncIte
             elif delta.content:
                 yield _sse({**base, "choices": [{"index": 0, "delta": {"content": delta.content}, "finish_reason": None}]})
     except DLMError as exc:
-        yield _sse({"error": {"message": str(exc), "type": "invalid_request_error"}})
+        yield _sse_error(exc)
     yield "data: [DONE]\n\n"
 
 
-async def _completion_sse(llm, prompt, params, rid, created, name) -> AsyncIterator[str]:
+async def _completion_sse(llm, ids, params, rid, created, name) -> AsyncIterator[str]:
     base = {"id": rid, "object": "text_completion", "created": created, "model": name}
-    async for chunk in llm.astream(prompt, params):
-        finish = chunk.finish_reason if chunk.finished else None
-        if chunk.delta_text or finish:
-            yield _sse({**base, "choices": [{"index": 0, "text": chunk.delta_text, "finish_reason": finish,
-                                             "logprobs": None}]})
+    try:
+        async for chunk in llm.astream(prompt_token_ids=ids, sampling_params=params):
+            finish = chunk.finish_reason if chunk.finished else None
+            if chunk.delta_text or finish:
+                yield _sse({**base, "choices": [{"index": 0, "text": chunk.delta_text, "finish_reason": finish,
+                                                 "logprobs": None}]})
+    except DLMError as exc:
+        yield _sse_error(exc)
     yield "data: [DONE]\n\n"
+
+
+def _sse_error(exc: DLMError) -> str:
+    """An error after the 200 went out: OpenAI clients raise on an ``error`` event."""
+    kind = "server_error" if isinstance(exc, EngineError) else "invalid_request_error"
+    return _sse({"error": {"message": str(exc), "type": kind}})

@@ -1,9 +1,5 @@
 """The OpenAI-compatible server, driven by the official openai client over real HTTP on loopback."""
 
-import socket
-import threading
-import time
-
 import pytest
 
 pytest.importorskip("fastapi", reason="install the [server] extra")
@@ -11,25 +7,13 @@ openai = pytest.importorskip("openai")
 uvicorn = pytest.importorskip("uvicorn")
 
 from dlm_backend.server import create_app  # noqa: E402
+from helpers import serve_in_thread  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def server(dream_chat):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    config = uvicorn.Config(create_app(str(dream_chat), served_name="tiny"), host="127.0.0.1", port=port,
-                            log_level="warning")
-    srv = uvicorn.Server(config)
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    for _ in range(200):
-        if srv.started:
-            break
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
-    srv.should_exit = True
-    thread.join(timeout=10)
+    with serve_in_thread(create_app(str(dream_chat), served_name="tiny")) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

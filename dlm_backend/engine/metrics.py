@@ -1,0 +1,63 @@
+"""Engine counters for monitoring: totals since start plus rates over a sliding window.
+
+The engine records one entry per step; the server exposes them at ``/metrics``. Rates are computed
+over the last ``window_s`` seconds (10 by default, about a Prometheus scrape interval), so a scrape
+shows current load rather than a lifetime average.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter, deque
+from dataclasses import dataclass, field
+
+
+@dataclass
+class EngineStats:
+    """Totals and a sliding window of ``(time, engine steps, request passes, tokens)``."""
+
+    window_s: float = 10.0
+    steps: int = 0                  # batched forward passes the engine ran
+    request_passes: int = 0         # forward passes summed over requests (a batch of 8 counts 8)
+    generated_tokens: int = 0       # tokens committed and reported to callers
+    finished: Counter = field(default_factory=Counter)      # finish_reason -> requests
+    rejected: int = 0               # refused because the queue was full
+    _recent: deque = field(default_factory=deque)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def record_step(self, batch_size: int, tokens: int, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            self.steps += 1
+            self.request_passes += batch_size
+            self.generated_tokens += tokens
+            self._recent.append((now, batch_size, tokens))
+            self._trim(now)
+
+    def record_finish(self, reason: str | None) -> None:
+        with self._lock:
+            self.finished[reason or "unknown"] += 1
+
+    def record_rejected(self) -> None:
+        with self._lock:
+            self.rejected += 1
+
+    def _trim(self, now: float) -> None:
+        while self._recent and self._recent[0][0] < now - self.window_s:
+            self._recent.popleft()
+
+    def rates(self, now: float | None = None) -> dict[str, float]:
+        """Steps/s, request passes/s and tokens/s over the window; passes per token over all time."""
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            self._trim(now)
+            recent = list(self._recent)
+            per_token = self.request_passes / self.generated_tokens if self.generated_tokens else 0.0
+        span = self.window_s if recent else 1.0
+        return {
+            "steps_per_second": len(recent) / span,
+            "forward_passes_per_second": sum(r[1] for r in recent) / span,
+            "tokens_per_second": sum(r[2] for r in recent) / span,
+            "forward_passes_per_token": per_token,
+        }

@@ -1,0 +1,89 @@
+"""ASGI middleware for the server's guards: API key on every route but ``/health``, body size limit.
+
+Both run before FastAPI parses anything, so a wrong key or an oversized body costs no JSON decoding
+and never reaches the engine. Errors use the OpenAI error shape the routes use.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+
+from starlette.exceptions import HTTPException
+
+OPEN_PATHS = frozenset({"/health"})
+
+
+async def _send_error(send, status: int, message: str, kind: str, headers: list | None = None) -> None:
+    body = json.dumps({"error": {"message": message, "type": kind}}).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"),
+                            (b"content-length", str(len(body)).encode())] + (headers or [])})
+    await send({"type": "http.response.body", "body": body})
+
+
+class APIKeyMiddleware:
+    """Require ``Authorization: Bearer <key>`` (or ``x-api-key``) when a key is configured."""
+
+    def __init__(self, app, api_key: str):
+        self.app, self.api_key = app, api_key.encode()
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
+            return await self.app(scope, receive, send)
+        headers = dict(scope["headers"])
+        given = headers.get(b"x-api-key", b"")
+        auth = headers.get(b"authorization", b"")
+        if auth[:7].lower() == b"bearer ":
+            given = auth[7:].strip()
+        if not secrets.compare_digest(given, self.api_key):
+            return await _send_error(send, 401, "Missing or wrong API key. Send 'Authorization: Bearer <key>' "
+                                     "with the key the server was started with.", "authentication_error",
+                                     [(b"www-authenticate", b"Bearer")])
+        return await self.app(scope, receive, send)
+
+
+class BodyTooLarge(HTTPException):
+    """Raised from ``receive`` mid-body; an HTTPException so FastAPI's body parsing passes it on."""
+
+    def __init__(self, message: str):
+        super().__init__(413, message)
+
+
+class BodyLimitMiddleware:
+    """Refuse request bodies over ``max_bytes`` with 413, by Content-Length or while streaming in."""
+
+    def __init__(self, app, max_bytes: int):
+        self.app, self.max_bytes = app, max_bytes
+
+    def _message(self) -> str:
+        return (f"Request body is over this server's limit of {self.max_bytes} bytes. Send a shorter "
+                "prompt, or start the server with a larger --max-body-bytes.")
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        length = dict(scope["headers"]).get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.max_bytes:
+            return await _send_error(send, 413, self._message(), "invalid_request_error")
+        seen, started = 0, False
+
+        async def limited_receive():
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_bytes:
+                    raise BodyTooLarge(self._message())
+            return message
+
+        async def tracking_send(message):
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, limited_receive, tracking_send)
+        except BodyTooLarge:
+            if not started:
+                await _send_error(send, 413, self._message(), "invalid_request_error")

@@ -1,0 +1,206 @@
+"""Server hardening: API key, body limits, validation, back-pressure, disconnects, failures, metrics.
+
+Everything runs over real HTTP on loopback against uvicorn in a thread, so the ASGI middleware, the
+exception handlers and the disconnect detection are the production ones.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+
+pytest.importorskip("fastapi", reason="install the [server] extra")
+httpx = pytest.importorskip("httpx")
+
+from dlm_backend.server import create_app  # noqa: E402
+from dlm_backend.server.app import ServerConfig  # noqa: E402
+from helpers import serve_in_thread  # noqa: E402
+
+KEY = "sk-test-key"
+CHAT = "/v1/chat/completions"
+
+
+def body(content: str = "hi", max_tokens: int = 16, **extra) -> dict:
+    return {"model": "tiny", "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens,
+            "block_length": 8, **extra}
+
+
+def auth(key: str = KEY) -> dict:
+    return {"Authorization": f"Bearer {key}"}
+
+
+@pytest.fixture(scope="module")
+def guarded(dream_chat):
+    cfg = ServerConfig(model=str(dream_chat), served_name="tiny", api_key=KEY, max_body_bytes=4096,
+                       max_tokens_limit=64, max_prompt_tokens=200)
+    with serve_in_thread(create_app(config=cfg)) as url:
+        yield url
+
+
+def test_api_key_on_every_route_but_health(guarded):
+    assert httpx.get(guarded + "/health").status_code == 200
+    for method, path in [("GET", "/v1/models"), ("GET", "/metrics"), ("POST", CHAT), ("POST", "/v1/completions")]:
+        r = httpx.request(method, guarded + path, json=body())
+        assert r.status_code == 401, path
+        assert r.json()["error"]["type"] == "authentication_error"
+        assert httpx.request(method, guarded + path, json=body(), headers=auth("sk-wrong")).status_code == 401
+    r = httpx.post(guarded + CHAT, json=body(), headers=auth(), timeout=60)
+    assert r.status_code == 200 and r.json()["choices"][0]["message"]["role"] == "assistant"
+    assert httpx.get(guarded + "/v1/models", headers={"x-api-key": KEY}).status_code == 200
+
+
+def test_oversized_bodies_are_413_by_length_and_by_stream(guarded):
+    big = json.dumps(body("word " * 2000)).encode()
+    r = httpx.post(guarded + CHAT, content=big, headers={**auth(), "content-type": "application/json"})
+    assert r.status_code == 413 and "--max-body-bytes" in r.json()["error"]["message"]
+
+    def chunked():                # no Content-Length: the limit applies while the body streams in
+        yield big[:3000]
+        yield big[3000:]
+
+    r = httpx.post(guarded + CHAT, content=chunked(), headers={**auth(), "content-type": "application/json"})
+    assert r.status_code == 413
+
+
+def test_malformed_and_out_of_limit_requests_are_400_without_traces(guarded):
+    cases = [
+        (b'{"messages": [', "Invalid request"),
+        (json.dumps(body(max_tokens=65)).encode(), "over this server's limit of 64"),
+        (json.dumps(body("alpha beta gamma " * 60)).encode(), "shorten it"),
+        (json.dumps(body(temperature=-1)).encode(), "temperature"),
+        (json.dumps(body(sampler="nope")).encode(), "Unknown sampler"),
+    ]
+    for raw, expected in cases:
+        r = httpx.post(guarded + CHAT, content=raw, headers={**auth(), "content-type": "application/json"})
+        assert r.status_code == 400, (raw[:40], r.text)
+        assert expected in r.json()["error"]["message"]
+        assert "Traceback" not in r.text and 'File "' not in r.text
+
+
+def test_metrics_in_prometheus_format(guarded):
+    for content in ("hi", "hello there"):
+        assert httpx.post(guarded + CHAT, json=body(content), headers=auth(), timeout=60).status_code == 200
+    r = httpx.get(guarded + "/metrics", headers=auth())
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    values = {}
+    for line in r.text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            values[name] = float(value)
+    assert values["dlm_queue_depth"] == 0 and values["dlm_running_requests"] == 0
+    assert values["dlm_generated_tokens_total"] >= 2
+    assert values["dlm_forward_passes_total"] >= values["dlm_engine_steps_total"] >= 1
+    assert values["dlm_forward_passes_per_second"] > 0 and values["dlm_tokens_per_second"] > 0
+    per_token = values["dlm_forward_passes_total"] / values["dlm_generated_tokens_total"]
+    assert values["dlm_forward_passes_per_token"] == pytest.approx(per_token)
+    assert sum(v for k, v in values.items() if k.startswith("dlm_requests_finished_total")) >= 2
+
+
+# -- a deliberately slow engine: requests stay in flight long enough to queue, cancel and fail ---
+
+
+@pytest.fixture
+def slow(dream_chat):
+    """A server whose engine sleeps 20 ms per pass, with 2 slots and a queue of 1."""
+    app = create_app(config=ServerConfig(model=str(dream_chat), served_name="tiny", max_num_seqs=2, max_waiting=1))
+    engine = app.state.llm().engine
+    original = engine.runner.step
+
+    def slow_step(seqs):
+        time.sleep(0.02)
+        return original(seqs)
+
+    engine.runner.step = slow_step
+    with serve_in_thread(app) as url:
+        yield url, engine
+    engine.runner.step = original
+
+
+def wait_for(condition, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.01)
+    return False
+
+
+LONG = dict(max_tokens=64, sampler="llada", steps=64)     # 64 passes x 20 ms: over a second in flight
+
+
+def test_full_queue_answers_429_with_retry_after(slow):
+    url, engine = slow
+    results = []
+
+    def post(i):
+        results.append(httpx.post(url + CHAT, json=body(f"request {i}", **LONG), timeout=60).status_code)
+
+    threads = [threading.Thread(target=post, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    assert wait_for(lambda: engine.num_running == 2 and engine.num_waiting == 1)
+    r = httpx.post(url + CHAT, json=body("one too many"), timeout=60)
+    assert r.status_code == 429 and r.headers["retry-after"] == "1"
+    assert "retry" in r.json()["error"]["message"]
+    for t in threads:
+        t.join()
+    assert results == [200, 200, 200]          # the queued ones were not lost
+
+
+def test_disconnect_mid_stream_frees_the_slot(slow):
+    url, engine = slow
+    aborted = engine.stats.finished["abort"]
+    with httpx.stream("POST", url + CHAT, json=body("stream me", stream=True, **LONG), timeout=60) as r:
+        lines = r.iter_lines()
+        assert next(line for line in lines if line.startswith("data:"))
+        assert wait_for(lambda: engine.num_running == 1, timeout=2.0)
+    # The client is gone: the slot must be freed long before the 64 passes would have finished.
+    assert wait_for(lambda: engine.stats.finished["abort"] == aborted + 1, timeout=1.0)
+    assert wait_for(lambda: engine.num_running == 0, timeout=1.0)
+
+
+def test_client_timeout_on_a_non_streaming_request_frees_the_slot(slow):
+    url, engine = slow
+    aborted = engine.stats.finished["abort"]
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(url + CHAT, json=body("too slow", **LONG), timeout=0.3)
+    assert wait_for(lambda: engine.stats.finished["abort"] == aborted + 1, timeout=1.5)
+    assert engine.num_running == 0
+
+
+def test_a_request_failing_inside_the_engine_fails_alone(dream_chat):
+    app = create_app(config=ServerConfig(model=str(dream_chat), served_name="tiny", max_num_seqs=8))
+    llm = app.state.llm()
+    engine = llm.engine
+    prompts = ["first question", "second one", "FAIL here", "third request"]
+    with serve_in_thread(app) as url:
+        solo = {p: httpx.post(url + CHAT, json=body(p), timeout=60).json()["choices"][0]["message"]["content"]
+                for p in prompts if p != "FAIL here"}
+        original = engine.runner.step
+
+        def failing_step(seqs):
+            if any("FAIL" in llm.tokenizer.decode(s.prompt_token_ids) for s in seqs):
+                raise RuntimeError("injected failure")
+            return original(seqs)
+
+        engine.runner.step = failing_step
+        try:
+            replies = {}
+
+            def post(p):
+                replies[p] = httpx.post(url + CHAT, json=body(p), timeout=60)
+
+            threads = [threading.Thread(target=post, args=(p,)) for p in prompts]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        finally:
+            engine.runner.step = original
+    bad = replies.pop("FAIL here")
+    assert bad.status_code == 500 and "injected failure" in bad.json()["error"]["message"]
+    assert "Traceback" not in bad.text
+    assert {p: r.json()["choices"][0]["message"]["content"] for p, r in replies.items()} == solo
