@@ -154,6 +154,11 @@ class ModelRunner:
             logits = self.model.compute_logits(h)                                          # [N, V]
         if stat_rows:
             stats = self.model.compute_unmask_stats(hidden[self._index(stat_rows)], self.tokens.mask_id)
+        if (logits is not None and torch.isnan(logits).any()) or (stats is not None and torch.isnan(stats.prob).any()):
+            # argmax over NaN picks an arbitrary token and the request would "succeed" with garbage.
+            # Raising lets the engine retry the batch request by request, so only the culprit fails.
+            raise EngineError("The model produced NaN logits. The weights or inputs overflow in "
+                              f"{self.dtype}; try dtype='float32'.")
 
         first = {False: 0, True: 0}
         for seq, f, (candidates, rows, cfg) in zip(seqs, fused, plans):
