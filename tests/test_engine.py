@@ -237,6 +237,29 @@ def test_failing_request_in_a_batch_fails_alone(monkeypatch):
     assert final[good.request_id].error is None and final[good.request_id].output.token_ids == solo
 
 
+def test_nan_logits_fail_only_the_request_that_caused_them(monkeypatch):
+    llm = LLM(str(PARITY / "dream-tiny"))
+    engine, model = llm.engine, llm.engine.runner.model
+    poison = 299                                     # a token only the bad prompt carries
+    original = model.forward
+
+    def forward(input_ids, positions):
+        hidden = original(input_ids, positions)
+        return hidden.masked_fill((input_ids == poison)[:, None].any(0, keepdim=True), float("nan"))
+
+    params = SamplingParams(sampler="threshold", cache="dual", max_tokens=8, block_length=8, ignore_eos=True)
+    solo = llm.generate(prompt_token_ids=[PROMPT], sampling_params=params)[0].token_ids
+    monkeypatch.setattr(model, "forward", forward)
+    good = engine.add_request(PROMPT, params)
+    bad = engine.add_request(PROMPT[:2] + [poison] + PROMPT[2:], params)
+    chunks = []
+    while engine.has_unfinished:
+        chunks += engine.step()
+    final = {c.request_id: c for c in chunks if c.finished}
+    assert final[bad.request_id].finish_reason == "error" and "NaN" in final[bad.request_id].error
+    assert final[good.request_id].error is None and final[good.request_id].output.token_ids == solo
+
+
 def test_request_aborted_by_another_thread_returns_abort():
     import threading
 
