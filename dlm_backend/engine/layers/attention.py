@@ -125,7 +125,8 @@ def _attention_kernel_path(ctx: AttentionContext, q, k, v, layer: int) -> torch.
     plain = [s for s in ctx.segments if s.cache is None]
     if plain:
         if "plain" not in ctx._meta:
-            # Uncached segments of one forward are contiguous runs of rows; pack their queries.
+            # Each uncached segment attends over its own rows of k/v: k_start = its first row. Their
+            # queries are gathered only when the segments are not already the leading rows.
             cu, starts, lens = [0], [], []
             for s in plain:
                 n = s.rows.stop - s.rows.start
