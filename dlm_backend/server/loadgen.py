@@ -1,0 +1,97 @@
+"""A small OpenAI-API load generator, shared by the load test and the serving benchmark.
+
+``launch`` starts ``dlm serve`` as a separate process on a free loopback port (the server's event
+loop and the clients must not share a GIL when measuring); ``chat_once`` sends one chat request,
+streaming or not, and returns the reply text, completion tokens and finish reason.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+
+@dataclass
+class Reply:
+    status: int
+    text: str = ""
+    completion_tokens: int = 0
+    finish_reason: str | None = None
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def launch(model: str, *extra: str, startup_timeout: float = 120.0):
+    """Run ``dlm serve MODEL`` on 127.0.0.1; yields its base URL and stops it afterwards."""
+    port = free_port()
+    dlm = Path(sys.executable).with_name("dlm")
+    cmd = [str(dlm)] if dlm.exists() else [sys.executable, "-m", "dlm_backend.cli"]
+    proc = subprocess.Popen([*cmd, "serve", model, "--port", str(port), "--served-model-name", "m", *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=os.environ.copy())
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + startup_timeout
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"dlm serve exited: {proc.stdout.read().decode(errors='replace')[-2000:]}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            if time.monotonic() > deadline:
+                raise RuntimeError("dlm serve did not become healthy in time")
+            time.sleep(0.2)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+async def chat_once(client: httpx.AsyncClient, content: str, stream: bool, **knobs) -> Reply:
+    """One chat completion; streamed replies are reassembled from their deltas."""
+    body = {"model": "m", "messages": [{"role": "user", "content": content}], "stream": stream, **knobs}
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    if not stream:
+        r = await client.post("/v1/chat/completions", json=body)
+        if r.status_code != 200:
+            return Reply(r.status_code)
+        data = r.json()
+        return Reply(200, data["choices"][0]["message"]["content"] or "", data["usage"]["completion_tokens"],
+                     data["choices"][0]["finish_reason"])
+    reply, done = Reply(0), False
+    async with client.stream("POST", "/v1/chat/completions", json=body) as r:
+        reply.status = r.status_code
+        async for line in r.aiter_lines():
+            if not line.startswith("data: "):
+                continue
+            if line == "data: [DONE]":
+                done = True
+                continue
+            event = json.loads(line[6:])
+            if "error" in event:
+                reply.status = 500
+            for choice in event.get("choices", []):
+                reply.text += choice["delta"].get("content") or ""
+                reply.finish_reason = choice.get("finish_reason") or reply.finish_reason
+            if event.get("usage"):
+                reply.completion_tokens = event["usage"]["completion_tokens"]
+    if not done:                    # a stream cut short is a lost request, whatever its status
+        reply.status = 0
+    return reply
