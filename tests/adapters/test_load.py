@@ -2,6 +2,8 @@
 
 Every request must complete (none lost, none refused) and each output must equal the same request run
 alone: the engine batches concurrent requests into shared passes without changing anyone's result.
+Faulty clients run among them (malformed JSON, oversized bodies, a wrong API key, streams dropped
+mid-way) and must get their 4xx or be cleaned up without touching the others.
 Runs on the embedded dlm-tiny when it is shipped, else on the tiny test checkpoint.
 """
 
@@ -25,27 +27,65 @@ PROMPTS = [
     "Give me 2 animals, comma separated.", "Goodbye!", "Compute 40 - 13.", "Hello",
     "Extract the person as JSON: Bo is 30 and lives in Rome.", "What is your name?",
 ]
+KEY = "sk-load-test"
 KNOBS = {"max_tokens": 32, "block_length": 32, "sampler": "threshold", "threshold": 0.9, "kv_cache": "dual"}
 
 
 @pytest.fixture(scope="module")
 def server(dream_chat):
     model = EMBEDDED_MODEL if (EMBEDDED_MODEL / "model.safetensors").exists() else dream_chat
-    with launch(str(model), "--max-num-seqs", str(CLIENTS)) as url:
+    with launch(str(model), "--max-num-seqs", str(CLIENTS), "--api-key", KEY, "--max-body-bytes", "65536") as url:
         yield url
 
 
+async def faults(client: httpx.AsyncClient) -> list[int]:
+    """Bad clients: each returns the status it got (0 for a stream it dropped on purpose)."""
+    chat = "/v1/chat/completions"
+    json_headers = {"content-type": "application/json"}
+
+    async def malformed():
+        return (await client.post(chat, content=b'{"messages": [{"role": ', headers=json_headers)).status_code
+
+    async def oversized():
+        big = b'{"messages": [{"role": "user", "content": "' + b"x" * 100_000 + b'"}]}'
+        return (await client.post(chat, content=big, headers=json_headers)).status_code
+
+    async def wrong_key():
+        body = {"messages": [{"role": "user", "content": "hi"}]}
+        return (await client.post(chat, json=body, headers={"Authorization": "Bearer nope"})).status_code
+
+    async def dropped_stream():
+        body = {"messages": [{"role": "user", "content": "Who are you?"}], "stream": True, **KNOBS,
+                "sampler": "llada", "steps": 32}
+        async with client.stream("POST", chat, json=body) as r:
+            async for line in r.aiter_lines():
+                if line.startswith("data:"):
+                    break             # leave mid-stream: the server must abort the request
+        return 0
+
+    jobs = [malformed, oversized, wrong_key, dropped_stream] * 4
+    return await asyncio.gather(*(job() for job in jobs))
+
+
 async def test_64_concurrent_clients_complete_and_match_their_solo_runs(server):
-    limits = httpx.Limits(max_connections=CLIENTS + 8, max_keepalive_connections=CLIENTS + 8)
-    async with httpx.AsyncClient(base_url=server, timeout=600, limits=limits) as client:
+    limits = httpx.Limits(max_connections=CLIENTS + 24, max_keepalive_connections=CLIENTS + 24)
+    async with httpx.AsyncClient(base_url=server, timeout=600, limits=limits,
+                                 headers={"Authorization": f"Bearer {KEY}"}) as client:
         solo = {}
         for prompt in PROMPTS:                       # one at a time: nothing else in the batch
             reply = await chat_once(client, prompt, stream=False, **KNOBS)
             assert reply.status == 200
             solo[prompt] = reply.text
         jobs = [(PROMPTS[i % len(PROMPTS)], i % 2 == 1) for i in range(CLIENTS)]
-        replies = await asyncio.gather(*(chat_once(client, p, stream=s, **KNOBS) for p, s in jobs))
-        metrics = (await client.get("/metrics")).text
+        replies, bad = await asyncio.gather(
+            asyncio.gather(*(chat_once(client, p, stream=s, **KNOBS) for p, s in jobs)), faults(client))
+        for _ in range(100):          # dropped streams are aborted at the next engine step
+            metrics = (await client.get("/metrics")).text
+            if "dlm_running_requests 0.0" in metrics:
+                break
+            await asyncio.sleep(0.05)
+
+    assert bad == [400, 413, 401, 0] * 4
 
     assert [r.status for r in replies] == [200] * CLIENTS, "every request completes"
     assert all(r.finish_reason in ("stop", "length") for r in replies)
