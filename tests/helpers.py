@@ -98,3 +98,29 @@ def serve_in_thread(app):
     finally:
         srv.should_exit = True
         thread.join(timeout=10)
+
+
+def parity_cases(name: str):
+    """The reference sampler cases of one parity checkpoint, as pytest params ``(name, case)``."""
+    import pytest
+
+    data = json.loads((PARITY / name / "cases.json").read_text())
+    return [pytest.param(name, c, id=f"{name}-{i}-{c['sampler']}") for i, c in enumerate(data["cases"])]
+
+
+def parity_params(case: dict):
+    """The SamplingParams that reproduce a parity case's reference sampler call."""
+    from dlm_backend import SamplingParams
+
+    kind = case["sampler"]
+    if kind == "llada.generate":
+        return SamplingParams(sampler="llada", max_tokens=case["gen_length"], block_length=case["block_length"],
+                              steps=case["steps"], temperature=case["temperature"],
+                              remasking=case["remasking"], cache="none", ignore_eos=True)
+    if kind == "fast_dllm.generate(threshold)":
+        return SamplingParams(sampler="threshold", max_tokens=case["gen_length"],
+                              block_length=case["block_length"], threshold=case["threshold"],
+                              cache="none", ignore_eos=True)
+    assert kind == "dream.diffusion_generate", kind
+    return SamplingParams(sampler="dream", max_tokens=case["max_new_tokens"], steps=case["steps"],
+                          alg=case["alg"], temperature=case["temperature"], cache="none", ignore_eos=True)

@@ -1,40 +1,19 @@
 """Greedy outputs and logits match the published reference samplers on the tiny checkpoints."""
 
-import json
 
 import pytest
 import torch
-from helpers import PARITY
+from helpers import PARITY, parity_cases, parity_params
 from safetensors.torch import load_file
 
-from dlm_backend import LLM, SamplingParams
+from dlm_backend import LLM
 from dlm_backend.engine.layers import AttentionContext, Segment, attention_context
 
 
-def _cases(name):
-    data = json.loads((PARITY / name / "cases.json").read_text())
-    return [pytest.param(name, c, id=f"{name}-{i}-{c['sampler']}") for i, c in enumerate(data["cases"])]
-
-
-def _params(case) -> SamplingParams:
-    kind = case["sampler"]
-    if kind == "llada.generate":
-        return SamplingParams(sampler="llada", max_tokens=case["gen_length"], block_length=case["block_length"],
-                              steps=case["steps"], temperature=case["temperature"],
-                              remasking=case["remasking"], cache="none", ignore_eos=True)
-    if kind == "fast_dllm.generate(threshold)":
-        return SamplingParams(sampler="threshold", max_tokens=case["gen_length"],
-                              block_length=case["block_length"], threshold=case["threshold"],
-                              cache="none", ignore_eos=True)
-    assert kind == "dream.diffusion_generate", kind
-    return SamplingParams(sampler="dream", max_tokens=case["max_new_tokens"], steps=case["steps"],
-                          alg=case["alg"], temperature=case["temperature"], cache="none", ignore_eos=True)
-
-
-@pytest.mark.parametrize("name,case", _cases("llada-tiny") + _cases("dream-tiny"))
+@pytest.mark.parametrize("name,case", parity_cases("llada-tiny") + parity_cases("dream-tiny"))
 def test_sampler_matches_reference(name, case):
     llm = LLM(str(PARITY / name))
-    out = llm.generate(prompt_token_ids=[case["prompt"]], sampling_params=_params(case))[0]
+    out = llm.generate(prompt_token_ids=[case["prompt"]], sampling_params=parity_params(case))[0]
     assert out.token_ids == case["output"]
     if "nfe" in case:
         assert out.num_forward_passes == case["nfe"]
