@@ -154,9 +154,11 @@ class ModelRunner:
             logits = self.model.compute_logits(h)                                          # [N, V]
         if stat_rows:
             stats = self.model.compute_unmask_stats(hidden[self._index(stat_rows)], self.tokens.mask_id)
-        if (logits is not None and torch.isnan(logits).any()) or (stats is not None and torch.isnan(stats.prob).any()):
+        checked = [t for t in (logits, stats.prob if stats is not None else None) if t is not None]
+        if any(torch.isnan(t).any() for t in checked):
             # argmax over NaN picks an arbitrary token and the request would "succeed" with garbage.
             # Raising lets the engine retry the batch request by request, so only the culprit fails.
+            # The check costs one host sync just before the samplers' own, with the GPU work queued.
             raise EngineError("The model produced NaN logits. The weights or inputs overflow in "
                               f"{self.dtype}; try dtype='float32'.")
 
