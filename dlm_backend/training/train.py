@@ -55,6 +55,12 @@ class TrainConfig:
     warmup: int = 150
     weight_decay: float = 0.01
     mask_mode: str = "bernoulli"   # see response_mask; "count" measured no better (held-out CE, 670 steps)
+    # From this step on, t >= late_t_min. With t ~ U(0.001, 1) and weights 1/t the lightly-masked
+    # rows dominate the loss, and those are solved from the reply's own unmasked tokens: after 2250
+    # steps the model wrote fluent fragments that ignored the prompt (0/42 held-out, "Bye!" answered
+    # with its identity line). Heavily-masked rows can only be solved from the prompt.
+    late_from_step: int = 2250
+    late_t_min: float = 0.3
     save_every: int = 250
 
 
@@ -143,10 +149,11 @@ class Batches:
         return ids, prompt_len, reply_end
 
 
-def response_mask(prompt_len: torch.Tensor, L: int, gen: torch.Generator, mode: str) -> tuple[torch.Tensor, torch.Tensor]:
+def response_mask(prompt_len: torch.Tensor, L: int, gen: torch.Generator, mode: str,
+                  t_min: float = EPS) -> tuple[torch.Tensor, torch.Tensor]:
     """Which response positions to mask, and each row's mask ratio t (``[B, L]`` bool, ``[B, 1]``).
 
-    ``bernoulli``: t ~ U(eps, 1), each response position masked with probability t (LLaDA's SFT).
+    ``bernoulli``: t ~ U(t_min, 1), each response position masked with probability t (LLaDA's SFT).
     ``count``: k ~ U{1..n} positions of the n response positions masked exactly, t = k / n. The 1/t
     weight is then at most n instead of 1/eps = 1000: in small batches one row with t ~ 0.002 and a
     single masked token otherwise owns the whole clipped gradient step.
@@ -155,7 +162,7 @@ def response_mask(prompt_len: torch.Tensor, L: int, gen: torch.Generator, mode: 
     pos = torch.arange(L)[None, :].expand(B, L)
     response = pos >= prompt_len[:, None]                                  # [B, L]
     if mode == "bernoulli":
-        t = EPS + (1 - EPS) * torch.rand(B, 1, generator=gen)
+        t = t_min + (1 - t_min) * torch.rand(B, 1, generator=gen)
         return response & (torch.rand(B, L, generator=gen) < t), t
     n = (L - prompt_len)[:, None]                                          # [B, 1]
     k = 1 + (torch.rand(B, 1, generator=gen) * n).long().clamp_max(n - 1)  # [B, 1] in 1..n
@@ -165,13 +172,14 @@ def response_mask(prompt_len: torch.Tensor, L: int, gen: torch.Generator, mode: 
 
 
 def diffusion_loss(model: DreamModel, ids: torch.Tensor, prompt_len: torch.Tensor, reply_end: torch.Tensor,
-                   mask_id: int, gen: torch.Generator, pad_weight: float, mode: str = "bernoulli") -> torch.Tensor:
+                   mask_id: int, gen: torch.Generator, pad_weight: float, mode: str = "bernoulli",
+                   t_min: float = EPS) -> torch.Tensor:
     B, L = ids.shape
     pos = torch.arange(L)[None, :].expand(B, L)
     # EOS padding after the reply is trivial to predict; at full weight it drowns the reply's own
     # tokens (in a 24-example overfit test the model learned the padding and never the answers).
     weight = torch.where(pos < reply_end[:, None], 1.0, pad_weight)        # [B, L]
-    masked, t = response_mask(prompt_len, L, gen, mode)
+    masked, t = response_mask(prompt_len, L, gen, mode, t_min)
     noisy = torch.where(masked, torch.full_like(ids, mask_id), ids)
     with attention_context(AttentionContext(rows=(B, L))):
         hidden = model(noisy.reshape(-1), pos.reshape(-1)).view(B, L, -1)  # [B, L, D]
@@ -252,8 +260,9 @@ def train(cfg: TrainConfig, stop_at: int | None = None) -> Path:
         ids, prompt_len, reply_end = batch_at(step)
         for group in opt.param_groups:
             group["lr"] = lr_at(step, cfg)
+        t_min = cfg.late_t_min if step >= cfg.late_from_step else EPS
         loss = diffusion_loss(model, ids, prompt_len, reply_end, config["mask_token_id"], gen,
-                              cfg.pad_weight, cfg.mask_mode)
+                              cfg.pad_weight, cfg.mask_mode, t_min)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
