@@ -13,7 +13,8 @@ from dlm_backend.training.evaluate import default_configs, evaluate, held_out, s
 from dlm_backend.training.train import TrainConfig, train
 
 TINY = TrainConfig(num_examples=300, vocab_size=512, hidden_size=32, num_layers=1, num_heads=2,
-                   num_kv_heads=1, intermediate_size=64, batch_tokens=2048, steps=4, warmup=2, save_every=2)
+                   num_kv_heads=1, intermediate_size=64, batch_tokens=2048, steps=4, warmup=2, save_every=2,
+                   late_from_step=3)
 
 
 def test_corpus_is_deterministic_and_covers_every_family():
@@ -51,8 +52,11 @@ def test_score_rejects_wrong_answers():
 def test_training_is_deterministic_resumable_and_loads_in_the_engine(tmp_path):
     straight = train(replace(TINY, out_dir=str(tmp_path / "a")))
     half = train(replace(TINY, out_dir=str(tmp_path / "b")), stop_at=2)     # interrupted
+    with (tmp_path / "b" / "loss.csv").open("a") as f:
+        f.write("3,9.0,9.0,1.0\n")        # a step logged after the last save, then killed
     resumed = train(replace(TINY, out_dir=str(tmp_path / "b")))
     assert half == resumed
+    assert [line.split(",")[0] for line in (tmp_path / "b" / "loss.csv").read_text().splitlines()] == list("1234")
     wa, wb = load_file(str(straight / "model.safetensors")), load_file(str(resumed / "model.safetensors"))
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
     assert len((tmp_path / "a" / "loss.csv").read_text().splitlines()) == 4
@@ -63,6 +67,20 @@ def test_training_is_deterministic_resumable_and_loads_in_the_engine(tmp_path):
     out = llm.chat([{"role": "user", "content": "Hi!"}], SamplingParams(max_tokens=8, block_length=8))
     assert out.num_forward_passes >= 1 and isinstance(out.text, str)
     assert llm.engine.tokens.eot_ids == (llm.tokenizer.token_id("<|im_end|>"),)
+
+
+def test_mask_ratio_floor_and_weights():
+    from dlm_backend.training.train import response_mask
+
+    gen = torch.Generator().manual_seed(0)
+    prompt_len = torch.tensor([3, 10, 1, 7] * 64)
+    masked, t = response_mask(prompt_len, 40, gen, "bernoulli", t_min=0.3)
+    assert t.min() >= 0.3 and t.max() <= 1
+    assert not masked[torch.arange(40)[None, :] < prompt_len[:, None]].any()     # prompts stay clean
+    ratio = masked.sum(1) / (40 - prompt_len)
+    assert abs(float((ratio - t[:, 0]).mean())) < 0.05                          # masked at ratio t
+    masked, t = response_mask(prompt_len, 40, gen, "count")
+    assert torch.equal(masked.sum(1), (t[:, 0] * (40 - prompt_len)).round().long())
 
 
 def test_eval_runs_on_a_small_slice(tmp_path):
