@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from abc import ABCMeta, abstractmethod
 from dataclasses import dataclass
 
 import torch
@@ -43,7 +44,7 @@ def token_ids(value) -> tuple[int, ...]:
     return tuple(value) if isinstance(value, (list, tuple)) else (value,)
 
 
-class DiffusionLM(nn.Module):
+class DiffusionLM(nn.Module, metaclass=ABCMeta):
     """Base of native model implementations.
 
     ``forward(input_ids [T], positions [T]) -> hidden [T, D]`` over the packed batch described by the
@@ -67,9 +68,9 @@ class DiffusionLM(nn.Module):
         """Build non-parameter state (the RoPE table) on the target device after weights load."""
         self.rotary = RotaryTable(self.args.head_dim, self.args.rope_theta, self.args.max_positions, device)
 
+    @abstractmethod
     def head(self) -> tuple[RMSNorm, torch.Tensor]:
         """The final norm and the LM head weight ``[V, D]``."""
-        raise NotImplementedError
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         norm, weight = self.head()

@@ -83,7 +83,7 @@ class Sampler(ABC):
     def step_from_stats(self, stats, params: SamplingParams) -> Commit:
         """Like :meth:`step` for a greedy pass, from ``UnmaskStats`` of the masked slots (token and
         fp32 confidence per slot) instead of logits. Only called when ``uses_unmask_stats``."""
-        raise NotImplementedError
+        raise TypeError(f"{type(self).__name__} declares uses_unmask_stats but has no step_from_stats")
 
 
 # -- shared helpers ---------------------------------------------------------------------------
