@@ -69,6 +69,14 @@ def test_training_is_deterministic_resumable_and_loads_in_the_engine(tmp_path):
     assert llm.engine.tokens.eot_ids == (llm.tokenizer.token_id("<|im_end|>"),)
 
 
+def test_second_stage_starts_from_the_first(tmp_path):
+    first = train(replace(TINY, out_dir=str(tmp_path / "a")))
+    second = train(replace(TINY, out_dir=str(tmp_path / "b"), init_from=str(first), steps=0, seed=1))
+    assert (second / "tokenizer.json").read_text() == (first / "tokenizer.json").read_text()
+    wa, wb = load_file(str(first / "model.safetensors")), load_file(str(second / "model.safetensors"))
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)                  # zero steps: the same weights
+
+
 def test_mask_ratio_floor_and_weights():
     from dlm_backend.training.train import response_mask
 

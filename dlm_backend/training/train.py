@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 from tqdm.auto import tqdm
 
@@ -62,6 +62,7 @@ class TrainConfig:
     late_from_step: int = 2250
     late_t_min: float = 0.3
     save_every: int = 250
+    init_from: str = ""            # a finished dlm-tiny folder to continue from (its tokenizer too)
 
 
 def build_tokenizer(texts: list[str], vocab_size: int) -> Tokenizer:
@@ -224,7 +225,9 @@ def train(cfg: TrainConfig, stop_at: int | None = None) -> Path:
     torch.manual_seed(cfg.seed)
     examples = corpus.generate(cfg.num_examples, seed=cfg.seed, split="train")
     model_dir = out / "model"
-    if (model_dir / "tokenizer.json").is_file():
+    if cfg.init_from:     # a second stage keeps the first stage's vocabulary
+        tok = Tokenizer.from_file(str(Path(cfg.init_from) / "tokenizer.json"))
+    elif (model_dir / "tokenizer.json").is_file():
         tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
     else:
         texts = [json.dumps(e.messages) + " " + json.dumps(e.tools or []) + " " + e.target for e in examples]
@@ -236,6 +239,8 @@ def train(cfg: TrainConfig, stop_at: int | None = None) -> Path:
 
     model = DreamModel.from_config(config)
     init_weights(model, cfg.seed)
+    if cfg.init_from:
+        model.load_state_dict(load_file(str(Path(cfg.init_from) / "model.safetensors")))
     model.setup("cpu")
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.98), weight_decay=cfg.weight_decay)
     state_path, log_path = out / "train_state.pt", out / "loss.csv"
@@ -285,6 +290,8 @@ def train(cfg: TrainConfig, stop_at: int | None = None) -> Path:
 
 
 def plot_loss(csv_path: Path, png_path: Path) -> None:
+    if not csv_path.is_file():      # a run of zero steps logs nothing
+        return
     try:
         import matplotlib
         matplotlib.use("Agg")
