@@ -104,13 +104,13 @@ def test_metrics_in_prometheus_format(guarded):
 
 @pytest.fixture
 def slow(dream_chat):
-    """A server whose engine sleeps 20 ms per pass, with 2 slots and a queue of 1."""
+    """A server whose engine sleeps 50 ms per pass, with 2 slots and a queue of 1."""
     app = create_app(config=ServerConfig(model=str(dream_chat), served_name="tiny", max_num_seqs=2, max_waiting=1))
     engine = app.state.llm().engine
     original = engine.runner.step
 
     def slow_step(seqs):
-        time.sleep(0.02)
+        time.sleep(0.05)
         return original(seqs)
 
     engine.runner.step = slow_step
@@ -128,7 +128,7 @@ def wait_for(condition, timeout: float = 10.0) -> bool:
     return False
 
 
-LONG = dict(max_tokens=64, sampler="llada", steps=64)     # 64 passes x 20 ms: over a second in flight
+LONG = dict(max_tokens=64, sampler="llada", steps=64)     # 64 passes x 50 ms: over 3 s in flight
 
 
 def test_full_queue_answers_429_with_retry_after(slow):
@@ -158,7 +158,7 @@ def test_disconnect_mid_stream_frees_the_slot(slow):
         assert next(line for line in lines if line.startswith("data:"))
         assert wait_for(lambda: engine.num_running == 1, timeout=2.0)
     # The client is gone: the slot must be freed long before the 64 passes would have finished.
-    assert wait_for(lambda: engine.stats.finished["abort"] == aborted + 1, timeout=1.0)
+    assert wait_for(lambda: engine.stats.finished["abort"] == aborted + 1, timeout=2.5)
     assert wait_for(lambda: engine.num_running == 0, timeout=1.0)
 
 
@@ -167,7 +167,7 @@ def test_client_timeout_on_a_non_streaming_request_frees_the_slot(slow):
     aborted = engine.stats.finished["abort"]
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(url + CHAT, json=body("too slow", **LONG), timeout=0.3)
-    assert wait_for(lambda: engine.stats.finished["abort"] == aborted + 1, timeout=1.5)
+    assert wait_for(lambda: engine.stats.finished["abort"] == aborted + 1, timeout=2.5)
     assert engine.num_running == 0
 
 
