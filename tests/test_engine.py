@@ -214,6 +214,14 @@ def test_concurrent_threads_share_forward_passes(monkeypatch):
     assert max(steps) > 1 and len(steps) < 16 * len(PROMPTS)     # passes were shared
 
 
+def run_to_end(engine) -> dict:
+    """Step ``engine`` until idle; the final chunk of every request, by request id."""
+    chunks = []
+    while engine.has_unfinished:
+        chunks += engine.step()
+    return {c.request_id: c for c in chunks if c.finished}
+
+
 def test_failing_request_in_a_batch_fails_alone(monkeypatch):
     llm = LLM(str(PARITY / "dream-tiny"))
     engine = llm.engine
@@ -229,10 +237,7 @@ def test_failing_request_in_a_batch_fails_alone(monkeypatch):
     monkeypatch.setattr(engine.runner, "_generator_for", generator_for)
     good = engine.add_request(PROMPT, params)
     bad = engine.add_request(PROMPT, params.replace(seed=13))
-    chunks = []
-    while engine.has_unfinished:
-        chunks += engine.step()
-    final = {c.request_id: c for c in chunks if c.finished}
+    final = run_to_end(engine)
     assert final[bad.request_id].finish_reason == "error" and "injected" in final[bad.request_id].error
     assert final[good.request_id].error is None and final[good.request_id].output.token_ids == solo
 
@@ -252,10 +257,7 @@ def test_nan_logits_fail_only_the_request_that_caused_them(monkeypatch):
     monkeypatch.setattr(model, "forward", forward)
     good = engine.add_request(PROMPT, params)
     bad = engine.add_request(PROMPT[:2] + [poison] + PROMPT[2:], params)
-    chunks = []
-    while engine.has_unfinished:
-        chunks += engine.step()
-    final = {c.request_id: c for c in chunks if c.finished}
+    final = run_to_end(engine)
     assert final[bad.request_id].finish_reason == "error" and "NaN" in final[bad.request_id].error
     assert final[good.request_id].error is None and final[good.request_id].output.token_ids == solo
 
