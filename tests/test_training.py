@@ -13,8 +13,7 @@ from dlm_backend.training.evaluate import default_configs, evaluate, held_out, s
 from dlm_backend.training.train import TrainConfig, train
 
 TINY = TrainConfig(num_examples=300, vocab_size=512, hidden_size=32, num_layers=1, num_heads=2,
-                   num_kv_heads=1, intermediate_size=64, batch_tokens=2048, steps=4, warmup=2, save_every=2,
-                   late_from_step=3)
+                   num_kv_heads=1, intermediate_size=64, rows=4, steps=4, warmup=2, save_every=2)
 
 
 def test_corpus_is_deterministic_and_covers_every_family():
@@ -77,18 +76,66 @@ def test_second_stage_starts_from_the_first(tmp_path):
     assert all(torch.equal(wa[k], wb[k]) for k in wa)                  # zero steps: the same weights
 
 
-def test_mask_ratio_floor_and_weights():
-    from dlm_backend.training.train import response_mask
+def _packed(n=120, rows=4, seed=3):
+    from dlm_backend.engine.tokenizer import Tokenizer as ChatTokenizer
+    from dlm_backend.training.objective import PackedBatches
+    from dlm_backend.training.train import build_tokenizer, encode_examples, model_config, write_checkpoint_files
 
-    gen = torch.Generator().manual_seed(0)
-    prompt_len = torch.tensor([3, 10, 1, 7] * 64)
-    masked, t = response_mask(prompt_len, 40, gen, "bernoulli", t_min=0.3)
-    assert t.min() >= 0.3 and t.max() <= 1
-    assert not masked[torch.arange(40)[None, :] < prompt_len[:, None]].any()     # prompts stay clean
-    ratio = masked.sum(1) / (40 - prompt_len)
-    assert abs(float((ratio - t[:, 0]).mean())) < 0.05                          # masked at ratio t
-    masked, t = response_mask(prompt_len, 40, gen, "count")
-    assert torch.equal(masked.sum(1), (t[:, 0] * (40 - prompt_len)).round().long())
+    examples = corpus.generate(n, seed=seed)
+    tok = build_tokenizer([e.target + json.dumps(e.messages) for e in examples], 512)
+    return examples, tok, PackedBatches, encode_examples, model_config, write_checkpoint_files, ChatTokenizer
+
+
+def test_packed_rows_compute_each_example_as_if_alone(tmp_path):
+    from dlm_backend.engine.layers import AttentionContext, attention_context
+    from dlm_backend.engine.models.dream import DreamModel
+    from dlm_backend.training.objective import PackedBatches
+    from dlm_backend.training.train import init_weights
+
+    examples, tok, _, encode_examples, model_config, write_files, ChatTokenizer = _packed()
+    config = model_config(replace(TINY, hidden_size=64, num_layers=2), tok)
+    write_files(tmp_path, config, tok)
+    pairs = encode_examples(examples, ChatTokenizer(tmp_path), 512)
+    batches = PackedBatches(pairs, seed=0, max_len=512, rows=3, max_extra_pad=8, eos=config["eos_token_id"])
+    batch = batches(1)
+    assert torch.equal(batches(1).ids, batch.ids)                            # a pure function of the step
+    assert batch.ids.shape == (3, 512)
+    assert (batch.ex >= 0).float().mean() > 0.7                              # little of a row unused
+    model = DreamModel.from_config(config)
+    init_weights(model, 0)
+    model.setup("cpu")
+    with torch.no_grad(), attention_context(AttentionContext(rows=(3, 512), attend=batch.attend)):
+        packed = model(batch.ids.reshape(-1), batch.pos.reshape(-1)).view(3, 512, -1)
+    for e in range(int(batch.ex.max()) + 1):
+        r, cols = (batch.ex == e).nonzero(as_tuple=True)
+        ids = batch.ids[r, cols]
+        assert batch.pos[r, cols].tolist() == list(range(len(ids)))          # positions restart
+        assert ids[:batch.prompt_len[e]].tolist() == pairs[[p for p, _ in pairs].index(
+            ids[:batch.prompt_len[e]].tolist())][0]
+        with torch.no_grad(), attention_context(AttentionContext(rows=(1, len(ids)))):
+            alone = model(ids, torch.arange(len(ids)))
+        torch.testing.assert_close(packed[r, cols], alone, atol=1e-4, rtol=1e-4)
+
+
+def test_mask_covers_replies_or_whole_examples_at_ratio_t(tmp_path):
+    from dlm_backend.training.objective import sample_mask
+
+    examples, tok, PackedBatches, encode_examples, model_config, write_files, ChatTokenizer = _packed(400)
+    config = model_config(TINY, tok)
+    write_files(tmp_path, config, tok)
+    pairs = encode_examples(examples, ChatTokenizer(tmp_path), 512)
+    batch = PackedBatches(pairs, 0, 512, 16, 8, config["eos_token_id"])(0)
+    masked, t, whole = sample_mask(batch, torch.Generator().manual_seed(0), t_min=0.3, prompt_mask_prob=0.25)
+    assert t.min() >= 0.3 and t.max() <= 1 and 0 < whole.float().mean() < 0.6
+    assert not masked[batch.ex < 0].any() and not masked[batch.pos == 0].any()
+    in_prompt = batch.pos < batch.prompt_len[batch.ex.clamp_min(0)]
+    prompt_masked = (masked & in_prompt & (batch.ex >= 0))
+    hit = torch.zeros_like(whole).index_add_(0, batch.ex[prompt_masked], torch.ones_like(batch.ex[prompt_masked]).bool())
+    assert not hit[~whole].any()                                             # SFT prompts stay clean
+    eligible = (batch.ex >= 0) & (batch.pos >= torch.where(whole, 1, batch.prompt_len)[batch.ex.clamp_min(0)])
+    ratio = torch.zeros_like(t).index_add_(0, batch.ex[masked], torch.ones_like(t)[batch.ex[masked]])
+    ratio = ratio / torch.zeros_like(t).index_add_(0, batch.ex[eligible], torch.ones_like(t)[batch.ex[eligible]])
+    assert abs(float((ratio - t).mean())) < 0.05                             # masked at ratio t
 
 
 def test_eval_runs_on_a_small_slice(tmp_path):

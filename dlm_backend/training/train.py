@@ -1,10 +1,10 @@
-"""Train dlm-tiny from scratch with the masked-diffusion SFT objective, on CPU in about an hour.
+"""Train dlm-tiny from scratch with the masked-diffusion objective, on 2 CPU cores in under 2 hours.
 
-Objective (LLaDA SFT): for each example the prompt stays clean; every response token (the reply,
-its end-of-turn token and the EOS padding after it) is masked with probability t ~ U(eps, 1), and
-the cross-entropy on masked positions is weighted by 1/t and averaged over the reply's length, with
-the EOS padding down-weighted (``pad_weight``) so it cannot drown the reply. The
-Dream/Qwen2 layout keeps the one-position logit shift, so position i is predicted from output i-1.
+Objective (LLaDA SFT, see :mod:`objective`): the reply, its end-of-turn token and the EOS run after
+it are masked with probability t and the cross-entropy on masked positions is weighted by 1/t;
+a share of the examples is masked over the prompt too (LLaDA pre-training). Examples are packed
+into fixed rows. The Dream/Qwen2 layout keeps the one-position logit shift, so position i is
+predicted from output i-1.
 
 Deterministic for a seed; ``train_state.pt`` in the output folder makes a run resumable.
 """
@@ -13,54 +13,47 @@ from __future__ import annotations
 
 import json
 import math
-import random
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 from tqdm.auto import tqdm
 
-from dlm_backend.engine.layers import AttentionContext, attention_context
 from dlm_backend.engine.models.dream import DreamModel
 from dlm_backend.engine.tokenizer import Tokenizer as ChatTokenizer
 from dlm_backend.training import corpus
+from dlm_backend.training.objective import PackedBatches, diffusion_loss
 from dlm_backend.training.template import CHAT_TEMPLATE, EOS, MASK, SPECIAL_TOKENS, TOOL_TOKENS
-
-
-EPS = 1e-3   # smallest mask ratio of the bernoulli mode, as in LLaDA
 
 
 @dataclass
 class TrainConfig:
     out_dir: str = "runs/dlm-tiny"
     seed: int = 0
-    num_examples: int = 60000
+    num_examples: int = 120000
     vocab_size: int = 4096
     hidden_size: int = 256
     num_layers: int = 6
     num_heads: int = 4
     num_kv_heads: int = 2
     intermediate_size: int = 768
-    max_len: int = 448             # prompt + reply + padding, tokens (3 tool schemas ~ 250)
-    batch_tokens: int = 6144       # tokens per optimiser step
+    max_len: int = 512             # a packed row; one example (3 tool schemas ~ 250 tokens) must fit
+    rows: int = 12                 # packed rows per optimiser step (6144 tokens)
     max_extra_pad: int = 40        # EOS run after the reply: the model learns to fill a 64-token canvas
     pad_weight: float = 0.05       # loss weight of that EOS run relative to the reply's tokens
-    steps: int = 3500
+    steps: int = 5000
     lr: float = 2e-3
     min_lr: float = 1e-4
     warmup: int = 150
     weight_decay: float = 0.01
-    mask_mode: str = "bernoulli"   # see response_mask; "count" measured no better (held-out CE, 670 steps)
-    # From this step on, t >= late_t_min. With t ~ U(0.001, 1) and weights 1/t the lightly-masked
-    # rows dominate the loss, and those are solved from the reply's own unmasked tokens: after 2250
-    # steps the model wrote fluent fragments that ignored the prompt (0/42 held-out, "Bye!" answered
-    # with its identity line). Heavily-masked rows can only be solved from the prompt.
-    late_from_step: int = 2250
-    late_t_min: float = 0.3
+    # t ~ U(t_min, 1). With t ~ U(0.001, 1) and weights 1/t the lightly-masked rows dominate the loss,
+    # and those are solved from the reply's own unmasked tokens: run 2 at step 2250 wrote fluent
+    # fragments that ignored the prompt (0/42 held-out); heavily-masked rows need the prompt.
+    t_min: float = 0.2
+    prompt_mask_prob: float = 0.3  # examples masked over their whole length (see objective.py)
     save_every: int = 250
     init_from: str = ""            # a finished dlm-tiny folder to continue from (its tokenizer too)
 
@@ -111,85 +104,6 @@ def encode_examples(examples: list[corpus.Example], chat: ChatTokenizer, max_len
         if len(prompt) + len(reply) + 1 <= max_len:
             pairs.append((prompt, reply))
     return pairs
-
-
-class Batches:
-    """Batch ``step`` of the run, a pure function of (seed, step): resuming needs only the step.
-
-    Returns token ids ``[B, L]``, each row's prompt length and the end of its reply (EOS after it).
-
-    Examples are grouped by length so a [B, L] batch wastes little compute on padding; each epoch
-    visits the groups in a seeded order.
-    """
-
-    def __init__(self, pairs, cfg: TrainConfig, eos: int):
-        self.pairs, self.cfg, self.eos = pairs, cfg, eos
-        order = sorted(range(len(pairs)), key=lambda i: len(pairs[i][0]) + len(pairs[i][1]))
-        self.groups, i = [], 0
-        while i < len(order):
-            length = len(pairs[order[i]][0]) + len(pairs[order[i]][1]) + cfg.max_extra_pad
-            size = max(1, cfg.batch_tokens // length)
-            self.groups.append(order[i:i + size])
-            i += size
-
-    def __call__(self, step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        epoch, index = divmod(step, len(self.groups))
-        visit = list(range(len(self.groups)))
-        random.Random(f"{self.cfg.seed}-epoch-{epoch}").shuffle(visit)
-        group = self.groups[visit[index]]
-        extra = random.Random(f"{self.cfg.seed}-pad-{step}").randint(1, self.cfg.max_extra_pad)
-        L = min(self.cfg.max_len, max(len(self.pairs[j][0]) + len(self.pairs[j][1]) for j in group) + extra)
-        ids = torch.full((len(group), L), self.eos, dtype=torch.long)
-        prompt_len = torch.zeros(len(group), dtype=torch.long)
-        reply_end = torch.zeros(len(group), dtype=torch.long)
-        for r, j in enumerate(group):
-            prompt, reply = self.pairs[j]
-            row = (prompt + reply)[:L]
-            ids[r, :len(row)] = torch.tensor(row)
-            prompt_len[r], reply_end[r] = len(prompt), len(row)
-        return ids, prompt_len, reply_end
-
-
-def response_mask(prompt_len: torch.Tensor, L: int, gen: torch.Generator, mode: str,
-                  t_min: float = EPS) -> tuple[torch.Tensor, torch.Tensor]:
-    """Which response positions to mask, and each row's mask ratio t (``[B, L]`` bool, ``[B, 1]``).
-
-    ``bernoulli``: t ~ U(t_min, 1), each response position masked with probability t (LLaDA's SFT).
-    ``count``: k ~ U{1..n} positions of the n response positions masked exactly, t = k / n. The 1/t
-    weight is then at most n instead of 1/eps = 1000: in small batches one row with t ~ 0.002 and a
-    single masked token otherwise owns the whole clipped gradient step.
-    """
-    B = prompt_len.shape[0]
-    pos = torch.arange(L)[None, :].expand(B, L)
-    response = pos >= prompt_len[:, None]                                  # [B, L]
-    if mode == "bernoulli":
-        t = t_min + (1 - t_min) * torch.rand(B, 1, generator=gen)
-        return response & (torch.rand(B, L, generator=gen) < t), t
-    n = (L - prompt_len)[:, None]                                          # [B, 1]
-    k = 1 + (torch.rand(B, 1, generator=gen) * n).long().clamp_max(n - 1)  # [B, 1] in 1..n
-    scores = torch.rand(B, L, generator=gen).masked_fill(~response, 2.0)
-    ranks = scores.argsort(dim=1).argsort(dim=1)
-    return ranks < k, k / n
-
-
-def diffusion_loss(model: DreamModel, ids: torch.Tensor, prompt_len: torch.Tensor, reply_end: torch.Tensor,
-                   mask_id: int, gen: torch.Generator, pad_weight: float, mode: str = "bernoulli",
-                   t_min: float = EPS) -> torch.Tensor:
-    B, L = ids.shape
-    pos = torch.arange(L)[None, :].expand(B, L)
-    # EOS padding after the reply is trivial to predict; at full weight it drowns the reply's own
-    # tokens (in a 24-example overfit test the model learned the padding and never the answers).
-    weight = torch.where(pos < reply_end[:, None], 1.0, pad_weight)        # [B, L]
-    masked, t = response_mask(prompt_len, L, gen, mode, t_min)
-    noisy = torch.where(masked, torch.full_like(ids, mask_id), ids)
-    with attention_context(AttentionContext(rows=(B, L))):
-        hidden = model(noisy.reshape(-1), pos.reshape(-1)).view(B, L, -1)  # [B, L, D]
-    # Dream's shift: the prediction for position i is the output at i - 1 (prompts are >= 1 token).
-    b, i = masked.nonzero(as_tuple=True)
-    logits = model.compute_logits(hidden[b, i - 1])                        # [M, V]
-    ce = F.cross_entropy(logits, ids[b, i], reduction="none") * weight[b, i]
-    per_row = torch.zeros(B).index_add_(0, b, ce / t[b, 0])
-    return (per_row / (reply_end - prompt_len).clamp_min(1)).mean()
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
@@ -257,17 +171,16 @@ def train(cfg: TrainConfig, stop_at: int | None = None) -> Path:
     elif log_path.exists():
         log_path.unlink()
     (out / "train_config.json").write_text(json.dumps(asdict(cfg), indent=2))
-    batch_at = Batches(pairs, cfg, config["eos_token_id"])
+    batch_at = PackedBatches(pairs, cfg.seed, cfg.max_len, cfg.rows, cfg.max_extra_pad, config["eos_token_id"])
     model.train()
     bar = tqdm(total=cfg.steps, initial=step, desc="train dlm-tiny")
     start, ema = time.time(), None
     while step < (stop_at or cfg.steps):
-        ids, prompt_len, reply_end = batch_at(step)
+        batch = batch_at(step)
         for group in opt.param_groups:
             group["lr"] = lr_at(step, cfg)
-        t_min = cfg.late_t_min if step >= cfg.late_from_step else EPS
-        loss = diffusion_loss(model, ids, prompt_len, reply_end, config["mask_token_id"], gen,
-                              cfg.pad_weight, cfg.mask_mode, t_min)
+        loss = diffusion_loss(model, batch, config["mask_token_id"], gen, cfg.t_min, cfg.prompt_mask_prob,
+                              cfg.pad_weight)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

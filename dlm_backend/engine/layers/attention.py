@@ -39,6 +39,9 @@ class AttentionContext:
 
     segments: list[Segment] = field(default_factory=list)
     rows: tuple[int, int] | None = None
+    #: with ``rows``: ``[B, L, L]`` bool, which keys each query may see (packed training rows hold
+    #: several examples; ``None`` = all of its row).
+    attend: torch.Tensor | None = None
     #: static-shape batch (engine/graphs.py): an object whose ``attend(q, k, v, layer)`` does it all.
     batch: object | None = None
     #: per-forward int32 launch metadata for the kernel path, built on first use (one H2D copy).
@@ -70,7 +73,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> 
     ctx = get_context()
     if ctx.batch is not None:
         return ctx.batch.attend(q, k, v, layer)
-    if use_kernels(q):
+    if use_kernels(q) and ctx.attend is None:
         return _attention_kernel_path(ctx, q, k, v, layer)
     n_rep = q.shape[1] // k.shape[1]
     if ctx.rows is not None:
@@ -78,7 +81,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> 
         qb, kb, vb = (t.view(B, L, t.shape[1], t.shape[2]).transpose(1, 2) for t in (q, k, v))  # [B, H, L, D]
         if n_rep > 1:
             kb, vb = kb.repeat_interleave(n_rep, dim=1), vb.repeat_interleave(n_rep, dim=1)
-        o = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=None, is_causal=False)
+        mask = None if ctx.attend is None else ctx.attend[:, None]                          # [B, 1, L, L]
+        o = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask, is_causal=False)
         return o.transpose(1, 2).reshape(q.shape)
     out = torch.empty_like(q)
     for seg in ctx.segments:
