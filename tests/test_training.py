@@ -144,3 +144,36 @@ def test_eval_runs_on_a_small_slice(tmp_path):
     assert {r["family"] for r in rows} == set(corpus.GENERATORS) | {"all"}
     assert all(0 <= r["exact"] <= 1 and r["passes_per_token"] > 0 for r in rows)
     assert len(held_out(2)) == 2 * len(corpus.GENERATORS)
+
+
+def test_autoregressive_examples_are_causal_next_token_prediction(tmp_path):
+    import torch.nn.functional as F
+
+    from dlm_backend.engine.layers import AttentionContext, attention_context
+    from dlm_backend.engine.models.dream import DreamModel
+    from dlm_backend.training.objective import diffusion_loss
+    from dlm_backend.training.train import ar_share, init_weights
+
+    examples, tok, PackedBatches, encode_examples, model_config, write_files, ChatTokenizer = _packed(60)
+    config = model_config(replace(TINY, hidden_size=64, num_layers=2), tok)
+    write_files(tmp_path, config, tok)
+    pairs = encode_examples(examples, ChatTokenizer(tmp_path), 512)
+    batch = PackedBatches(pairs, 0, 512, 2, 8, config["eos_token_id"])(0)
+    model = DreamModel.from_config(config)
+    init_weights(model, 0)
+    model.setup("cpu")
+    with torch.no_grad():
+        loss = diffusion_loss(model, batch, config["mask_token_id"], torch.Generator(), 0.2, 0.5, 0.05, ar_prob=1.0)
+        expected = []
+        for e in range(len(batch.prompt_len)):
+            r, cols = (batch.ex == e).nonzero(as_tuple=True)
+            ids, n = batch.ids[r, cols], int(batch.prompt_len[e] + batch.reply_len[e])
+            causal = torch.ones(len(ids), len(ids), dtype=torch.bool).tril()[None]
+            with attention_context(AttentionContext(rows=(1, len(ids)), attend=causal)):
+                hidden = model(ids, torch.arange(len(ids)))
+            ce = F.cross_entropy(model.compute_logits(hidden[:-1]), ids[1:], reduction="none")
+            weight = torch.where(torch.arange(1, len(ids)) < n, 1.0, 0.05)
+            expected.append((ce * weight).sum() / (n - 1))
+    torch.testing.assert_close(loss, torch.stack(expected).mean(), atol=1e-4, rtol=1e-4)
+    cfg = replace(TINY, steps=100, ar_until=0.5)
+    assert [ar_share(s, cfg) for s in (0, 25, 50, 99)] == [1.0, 0.5, 0.0, 0.0]

@@ -122,24 +122,37 @@ def sample_mask(batch: PackedBatch, gen: torch.Generator, t_min: float,
 
 
 def diffusion_loss(model, batch: PackedBatch, mask_id: int, gen: torch.Generator, t_min: float,
-                   prompt_mask_prob: float, pad_weight: float) -> torch.Tensor:
+                   prompt_mask_prob: float, pad_weight: float, ar_prob: float = 0.0) -> torch.Tensor:
     """Masked-diffusion loss: cross-entropy on masked tokens weighted by 1/t, summed per example
     and divided by its supervised length, averaged over examples (so long examples do not dominate).
+
+    With probability ``ar_prob`` an example is instead trained autoregressively: clean input, causal
+    attention inside it, next-token loss on every token. Masked diffusion needs many times the
+    compute of autoregression for the same loss, and a diffusion model initialised from an
+    autoregressive one learns much faster (Dream-7B starts from Qwen2.5, hence its logit shift);
+    the training loop starts at ``ar_prob`` 1 and anneals it to 0, so the finished model is a pure
+    diffusion model that began as an autoregressive one.
 
     The EOS run after a reply weighs ``pad_weight``: it is trivial to predict and at full weight it
     drowned the replies (a 24-example overfit test learned the padding and never the answers).
     """
     B, L = batch.ids.shape
     masked, t, whole = sample_mask(batch, gen, t_min, prompt_mask_prob)
+    causal = torch.rand(t.shape, generator=gen) < ar_prob                           # [E]
+    in_example = batch.ex >= 0
+    causal_tok = causal[batch.ex.clamp_min(0)] & in_example                         # [B, L]
+    masked &= ~causal_tok
+    attend = batch.attend & (~causal_tok[:, :, None] | (batch.pos[:, None, :] <= batch.pos[:, :, None]))
     noisy = torch.where(masked, torch.full_like(batch.ids, mask_id), batch.ids)
-    with attention_context(AttentionContext(rows=(B, L), attend=batch.attend)):
+    with attention_context(AttentionContext(rows=(B, L), attend=attend)):
         hidden = model(noisy.reshape(-1), batch.pos.reshape(-1)).view(B, L, -1)    # [B, L, D]
-    b, i = masked.nonzero(as_tuple=True)
+    target = masked | (causal_tok & (batch.pos >= 1))
+    b, i = target.nonzero(as_tuple=True)
     e = batch.ex[b, i]
     in_reply = batch.pos[b, i] < (batch.prompt_len + batch.reply_len)[e]
     logits = model.compute_logits(hidden[b, i - 1])                                # [M, V]
     ce = F.cross_entropy(logits, batch.ids[b, i], reduction="none")
-    ce = ce * torch.where(in_reply, 1.0, pad_weight) / t[e]
-    supervised = torch.where(whole, batch.prompt_len - 1, 0) + batch.reply_len     # [E]
+    ce = ce * torch.where(in_reply, 1.0, pad_weight) / torch.where(causal, 1.0, t)[e]
+    supervised = torch.where(whole | causal, batch.prompt_len - 1, 0) + batch.reply_len  # [E]
     per_example = torch.zeros_like(t).index_add_(0, e, ce)
     return (per_example / supervised.clamp_min(1)).mean()

@@ -53,7 +53,10 @@ class TrainConfig:
     # and those are solved from the reply's own unmasked tokens: run 2 at step 2250 wrote fluent
     # fragments that ignored the prompt (0/42 held-out); heavily-masked rows need the prompt.
     t_min: float = 0.2
-    prompt_mask_prob: float = 0.3  # examples masked over their whole length (see objective.py)
+    prompt_mask_prob: float = 0.1  # examples masked over their whole length (see objective.py)
+    # Share of examples trained autoregressively: 1 at step 0, falling linearly to 0 at this
+    # fraction of the run (objective.diffusion_loss says why); the rest of the run is pure diffusion.
+    ar_until: float = 0.6
     save_every: int = 250
     init_from: str = ""            # a finished dlm-tiny folder to continue from (its tokenizer too)
 
@@ -104,6 +107,11 @@ def encode_examples(examples: list[corpus.Example], chat: ChatTokenizer, max_len
         if len(prompt) + len(reply) + 1 <= max_len:
             pairs.append((prompt, reply))
     return pairs
+
+
+def ar_share(step: int, cfg: TrainConfig) -> float:
+    """Share of examples trained autoregressively at ``step``."""
+    return max(0.0, 1.0 - step / (cfg.ar_until * cfg.steps)) if cfg.ar_until > 0 else 0.0
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
@@ -180,7 +188,7 @@ def train(cfg: TrainConfig, stop_at: int | None = None) -> Path:
         for group in opt.param_groups:
             group["lr"] = lr_at(step, cfg)
         loss = diffusion_loss(model, batch, config["mask_token_id"], gen, cfg.t_min, cfg.prompt_mask_prob,
-                              cfg.pad_weight)
+                              cfg.pad_weight, ar_share(step, cfg))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
