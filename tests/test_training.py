@@ -141,9 +141,9 @@ def test_mask_covers_replies_or_whole_examples_at_ratio_t(tmp_path):
 def test_eval_runs_on_a_small_slice(tmp_path):
     model = train(replace(TINY, out_dir=str(tmp_path / "m"), steps=1))
     rows = evaluate(str(model), per_family=1, configs=default_configs(16, 8)[:2])
-    assert {r["family"] for r in rows} == set(corpus.GENERATORS) | {"all"}
+    assert {r["family"] for r in rows} == set(corpus.EVAL_FAMILIES) | {"all"}
     assert all(0 <= r["exact"] <= 1 and r["passes_per_token"] > 0 for r in rows)
-    assert len(held_out(2)) == 2 * len(corpus.GENERATORS)
+    assert len(held_out(2)) == 2 * len(corpus.EVAL_FAMILIES)
 
 
 def test_autoregressive_examples_are_causal_next_token_prediction(tmp_path):

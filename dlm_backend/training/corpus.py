@@ -16,8 +16,10 @@ from dlm_backend.training.tools_catalog import SCHEMAS, make_call
 
 NOT_IN_CONTEXT = "The context does not say."
 IDENTITY = "I am dlm-tiny, a small diffusion language model."
-FAMILIES = {"qa": 0.26, "tool_call": 0.2, "tool_result": 0.1, "json": 0.16, "arithmetic": 0.1, "list": 0.11,
-            "chat": 0.07}
+FAMILIES = {"qa": 0.23, "tool_call": 0.17, "tool_result": 0.09, "json": 0.14, "arithmetic": 0.08, "list": 0.09,
+            "chat": 0.05, "copy": 0.15}
+#: what the held-out evaluation scores; ``copy`` is practice only (see :func:`copy_task`).
+EVAL_FAMILIES = ["qa", "tool_call", "tool_result", "json", "arithmetic", "list", "chat"]
 
 
 @dataclass
@@ -228,8 +230,36 @@ def chat(rng: random.Random, ent: Entities) -> Example:
     return Example("chat", [{"role": "user", "content": rng.choice(asks)}], answer, expected={"answers": answers})
 
 
+COPY_ASKS = ["Repeat after me: {x}", "Copy this exactly: {x}", "Say {x}.", "Echo: {x}", "Write {x}.",
+             "Please repeat: {x}"]
+PICK_ASKS = [("I met {x} yesterday.", "Which name is in this sentence: {s}"),
+             ("The train to {x} leaves at noon.", "Which place is mentioned here? {s}"),
+             ("Send it to {x} today.", "Extract the recipient: {s}"),
+             ("Our guest tonight is {x}.", "Who is the guest? {s}")]
+
+
+def copy_task(rng: random.Random, ent: Entities) -> Example:
+    """Copy practice: every token of the reply is an unseen name or value taken from the prompt.
+
+    Every other family needs this skill for a few tokens per reply (the city in a tool call, the
+    answer in a context); on its own, run 2 never learned it, and a 5.8M model given pure copy
+    sequences learns it within 200 steps.
+    """
+    draw = [ent.name, ent.city, ent.foreign, ent.email, ent.ticker, ent.full_name, ent.company,
+            lambda: str(rng.randint(0, 99999))]
+    if rng.random() < 0.6:
+        x = " ".join(rng.choice(draw)() for _ in range(rng.randint(1, 4)))
+        ask = rng.choice(COPY_ASKS).format(x=x)
+    else:
+        x = rng.choice(draw[:4])()
+        sentence, question = rng.choice(PICK_ASKS)
+        ask = question.format(s=sentence.format(x=x))
+    return Example("copy", [{"role": "user", "content": ask}], x, expected={"answer": x})
+
+
 GENERATORS = {"qa": qa, "tool_call": tool_call, "tool_result": tool_result, "json": structured,
-              "arithmetic": arithmetic, "list": list_task, "chat": chat}
+              "arithmetic": arithmetic, "list": list_task, "chat": chat,
+              "copy": copy_task}
 
 
 def generate(n: int, seed: int, split: str = "train", families: list[str] | None = None) -> list[Example]:

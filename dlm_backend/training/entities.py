@@ -92,3 +92,9 @@ class Entities:
 
     def word(self) -> str:
         return self.rng.choice(WORDS)
+
+    def foreign(self) -> str:
+        """A capitalised string of random letters: BPE pieces the syllable names never produce
+        (real names such as Kyoto or Oslo look like this to the tokenizer)."""
+        return self._draw(lambda: "".join(self.rng.choice("abcdefghijklmnopqrstuvwxyz")
+                                          for _ in range(self.rng.randint(3, 9))).capitalize())

@@ -77,7 +77,7 @@ def score(example: corpus.Example, text: str) -> dict:
 
 
 def held_out(per_family: int) -> list[corpus.Example]:
-    families = list(corpus.GENERATORS)
+    families = corpus.EVAL_FAMILIES
     return corpus.generate(per_family * len(families), seed=EVAL_SEED, split="eval", families=families)
 
 
