@@ -177,3 +177,18 @@ def test_autoregressive_examples_are_causal_next_token_prediction(tmp_path):
     torch.testing.assert_close(loss, torch.stack(expected).mean(), atol=1e-4, rtol=1e-4)
     cfg = replace(TINY, steps=100, ar_until=0.5)
     assert [ar_share(s, cfg) for s in (0, 25, 50, 99)] == [1.0, 0.5, 0.0, 0.0]
+
+
+def test_a_word_tokenizes_the_same_wherever_it_stands():
+    from dlm_backend.training.train import build_tokenizer
+
+    examples = corpus.generate(200, seed=0)
+    tok = build_tokenizer([json.dumps(e.messages) + " " + e.target for e in examples], 512)
+
+    def pieces(text, word):
+        ids = tok.encode(text).ids
+        return [tok.id_to_token(i) for i in ids if tok.id_to_token(i) not in {"Ġ", '"', '":', '{"', '"}', "."}]
+
+    assert pieces(" Krexrou 2108", "") == pieces('{"city": "Krexrou2108"}', "")[1:]   # the key's piece first
+    assert [tok.id_to_token(i) for i in tok.encode("21098").ids] == list("21098")
+    assert tok.decode(tok.encode('in Krexrou, "Oslo" 42').ids) == 'in Krexrou, "Oslo" 42'
