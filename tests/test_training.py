@@ -184,11 +184,9 @@ def test_a_word_tokenizes_the_same_wherever_it_stands():
 
     examples = corpus.generate(200, seed=0)
     tok = build_tokenizer([json.dumps(e.messages) + " " + e.target for e in examples], 512)
-
-    def pieces(text, word):
-        ids = tok.encode(text).ids
-        return [tok.id_to_token(i) for i in ids if tok.id_to_token(i) not in {"Ġ", '"', '":', '{"', '"}', "."}]
-
-    assert pieces(" Krexrou 2108", "") == pieces('{"city": "Krexrou2108"}', "")[1:]   # the key's piece first
-    assert [tok.id_to_token(i) for i in tok.encode("21098").ids] == list("21098")
+    pieces = lambda text: tok.encode(text).tokens                                  # noqa: E731
+    word = pieces("Krexrou")
+    assert pieces(" Krexrou.") == ["Ġ", *word, "."]           # after a space: the space is its own token
+    assert pieces('"Krexrou"') == ['"', *word, '"']           # after a quote: the same pieces
+    assert pieces("21098") == list("21098")                   # digits one by one
     assert tok.decode(tok.encode('in Krexrou, "Oslo" 42').ids) == 'in Krexrou, "Oslo" 42'
