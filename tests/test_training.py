@@ -10,7 +10,10 @@ from dlm_backend import LLM, SamplingParams
 from dlm_backend.training import corpus
 from dlm_backend.training.entities import Entities
 from dlm_backend.training.evaluate import default_configs, evaluate, held_out, score
-from dlm_backend.training.train import TrainConfig, train
+from dlm_backend.engine.tokenizer import Tokenizer as ChatTokenizer
+from dlm_backend.training.objective import PackedBatches
+from dlm_backend.training.train import (TrainConfig, build_tokenizer, encode_examples, model_config, train,
+                                        write_checkpoint_files)
 
 TINY = TrainConfig(num_examples=300, vocab_size=512, hidden_size=32, num_layers=1, num_heads=2,
                    num_kv_heads=1, intermediate_size=64, rows=4, steps=4, warmup=2, save_every=2)
@@ -76,26 +79,21 @@ def test_second_stage_starts_from_the_first(tmp_path):
     assert all(torch.equal(wa[k], wb[k]) for k in wa)                  # zero steps: the same weights
 
 
-def _packed(n=120, rows=4, seed=3):
-    from dlm_backend.engine.tokenizer import Tokenizer as ChatTokenizer
-    from dlm_backend.training.objective import PackedBatches
-    from dlm_backend.training.train import build_tokenizer, encode_examples, model_config, write_checkpoint_files
-
+def _packed_pairs(folder, n=120, seed=3, **model):
+    """A corpus slice encoded with its own small tokenizer, and the model config for it."""
     examples = corpus.generate(n, seed=seed)
     tok = build_tokenizer([e.target + json.dumps(e.messages) for e in examples], 512)
-    return examples, tok, PackedBatches, encode_examples, model_config, write_checkpoint_files, ChatTokenizer
+    config = model_config(replace(TINY, **model), tok)
+    write_checkpoint_files(folder, config, tok)
+    return encode_examples(examples, ChatTokenizer(folder), 512), config
 
 
 def test_packed_rows_compute_each_example_as_if_alone(tmp_path):
     from dlm_backend.engine.layers import AttentionContext, attention_context
     from dlm_backend.engine.models.dream import DreamModel
-    from dlm_backend.training.objective import PackedBatches
     from dlm_backend.training.train import init_weights
 
-    examples, tok, _, encode_examples, model_config, write_files, ChatTokenizer = _packed()
-    config = model_config(replace(TINY, hidden_size=64, num_layers=2), tok)
-    write_files(tmp_path, config, tok)
-    pairs = encode_examples(examples, ChatTokenizer(tmp_path), 512)
+    pairs, config = _packed_pairs(tmp_path, hidden_size=64, num_layers=2)
     batches = PackedBatches(pairs, seed=0, max_len=512, rows=3, max_extra_pad=8, eos=config["eos_token_id"])
     batch = batches(1)
     assert torch.equal(batches(1).ids, batch.ids)                            # a pure function of the step
@@ -120,10 +118,7 @@ def test_packed_rows_compute_each_example_as_if_alone(tmp_path):
 def test_mask_covers_replies_or_whole_examples_at_ratio_t(tmp_path):
     from dlm_backend.training.objective import sample_mask
 
-    examples, tok, PackedBatches, encode_examples, model_config, write_files, ChatTokenizer = _packed(400)
-    config = model_config(TINY, tok)
-    write_files(tmp_path, config, tok)
-    pairs = encode_examples(examples, ChatTokenizer(tmp_path), 512)
+    pairs, config = _packed_pairs(tmp_path, n=400)
     batch = PackedBatches(pairs, 0, 512, 16, 8, config["eos_token_id"])(0)
     masked, t, whole = sample_mask(batch, torch.Generator().manual_seed(0), t_min=0.3, prompt_mask_prob=0.25)
     assert t.min() >= 0.3 and t.max() <= 1 and 0 < whole.float().mean() < 0.6
@@ -154,10 +149,7 @@ def test_autoregressive_examples_are_causal_next_token_prediction(tmp_path):
     from dlm_backend.training.objective import diffusion_loss
     from dlm_backend.training.train import ar_share, init_weights
 
-    examples, tok, PackedBatches, encode_examples, model_config, write_files, ChatTokenizer = _packed(60)
-    config = model_config(replace(TINY, hidden_size=64, num_layers=2), tok)
-    write_files(tmp_path, config, tok)
-    pairs = encode_examples(examples, ChatTokenizer(tmp_path), 512)
+    pairs, config = _packed_pairs(tmp_path, n=60, hidden_size=64, num_layers=2)
     batch = PackedBatches(pairs, 0, 512, 2, 8, config["eos_token_id"])(0)
     model = DreamModel.from_config(config)
     init_weights(model, 0)
@@ -180,8 +172,6 @@ def test_autoregressive_examples_are_causal_next_token_prediction(tmp_path):
 
 
 def test_a_word_tokenizes_the_same_wherever_it_stands():
-    from dlm_backend.training.train import build_tokenizer
-
     examples = corpus.generate(200, seed=0)
     tok = build_tokenizer([json.dumps(e.messages) + " " + e.target for e in examples], 512)
     pieces = lambda text: tok.encode(text).tokens                                  # noqa: E731
