@@ -180,3 +180,16 @@ def test_a_word_tokenizes_the_same_wherever_it_stands():
     assert pieces('"Krexrou"') == ['"', *word, '"']           # after a quote: the same pieces
     assert pieces("21098") == list("21098")                   # digits one by one
     assert tok.decode(tok.encode('in Krexrou, "Oslo" 42').ids) == 'in Krexrou, "Oslo" 42'
+
+
+def test_packed_batches_run_across_epochs_of_different_lengths():
+    import random
+
+    rng = random.Random(0)
+    pairs = [([1] * rng.randint(5, 60), [2] * rng.randint(1, 20)) for _ in range(200)]
+    batches = PackedBatches(pairs, seed=0, max_len=128, rows=2, max_extra_pad=40, eos=0)
+    lengths = [len(batches._plan(e)) for e in range(4)]
+    assert len(set(lengths)) > 1                     # the EOS runs change how many batches fit
+    steps = sum(lengths)
+    first = [batches(s).ids for s in range(steps)]   # every step of four epochs, none out of range
+    assert all(torch.equal(a, batches(s).ids) for s, a in list(enumerate(first))[::7])

@@ -53,6 +53,7 @@ class PackedBatches:
         self.pairs, self.seed, self.max_len, self.rows = pairs, seed, max_len, rows
         self.max_extra_pad, self.eos = max_extra_pad, eos
         self._epochs: dict[int, list[list[list[tuple[int, int]]]]] = {}
+        self._lengths: dict[int, int] = {}           # batches per epoch: EOS runs change the packing
 
     def _plan(self, epoch: int) -> list[list[list[tuple[int, int]]]]:
         """The epoch's batches: rows of (example index, EOS run length)."""
@@ -73,14 +74,17 @@ class PackedBatches:
                 row.append((j, extra))
                 used += n
             self._epochs = {epoch: batches}           # keep one epoch's plan in memory
+            self._lengths[epoch] = len(batches)
         return self._epochs[epoch]
 
-    @property
-    def steps_per_epoch(self) -> int:
-        return len(self._plan(0))
+    def _epoch_length(self, epoch: int) -> int:
+        return self._lengths[epoch] if epoch in self._lengths else len(self._plan(epoch))
 
     def __call__(self, step: int) -> PackedBatch:
-        epoch, index = divmod(step, self.steps_per_epoch)
+        epoch, index = 0, step
+        while index >= self._epoch_length(epoch):
+            index -= self._epoch_length(epoch)
+            epoch += 1
         plan = self._plan(epoch)[index]
         B, L = len(plan), self.max_len
         ids = torch.full((B, L), self.eos, dtype=torch.long)
