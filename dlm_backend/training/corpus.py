@@ -242,8 +242,8 @@ def copy_task(rng: random.Random, ent: Entities) -> Example:
     """Copy practice: every token of the reply is an unseen name or value taken from the prompt.
 
     Every other family needs this skill for a few tokens per reply (the city in a tool call, the
-    answer in a context); on its own, run 2 never learned it, and a 5.8M model given pure copy
-    sequences learns it within 200 steps.
+    answer in a context) and no run has learned it yet: with this family at 15% of the data run 6
+    still copies 0/20 (docs/dlm-tiny-v6/findings.md; benchmarks/copy_learning.py measures it).
     """
     draw = [ent.name, ent.city, ent.foreign, ent.email, ent.ticker, ent.full_name, ent.company,
             lambda: str(rng.randint(0, 99999))]

@@ -2,8 +2,8 @@
 
 Objective (LLaDA SFT, see :mod:`objective`): the reply, its end-of-turn token and the EOS run after
 it are masked with probability t and the cross-entropy on masked positions is weighted by 1/t;
-a share of the examples is masked over the prompt too (LLaDA pre-training). Examples are packed
-into fixed rows. The Dream/Qwen2 layout keeps the one-position logit shift, so position i is
+a share of the examples is masked over the prompt too (LLaDA pre-training), and the run starts
+autoregressive and anneals to pure diffusion (``ar_until``). Examples are packed into fixed rows. The Dream/Qwen2 layout keeps the one-position logit shift, so position i is
 predicted from output i-1.
 
 Deterministic for a seed; ``train_state.pt`` in the output folder makes a run resumable.
