@@ -17,7 +17,7 @@ from typing import AsyncIterator, Iterator
 from dlm_backend.engine.outputs import GenerationOutput
 from dlm_backend.engine.params import SamplingParams
 from dlm_backend.errors import DLMError
-from dlm_backend.structured import JsonPlan, plan_json
+from dlm_backend.structured import JsonPlan, plan_json, plan_tool_call
 
 _TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
@@ -191,11 +191,15 @@ class Prepared:
             self.prompt_ids = llm.encode_chat(messages)
         else:
             self.prompt_ids = llm.encode_chat(messages, tools=tools)
-        self.tools, self.json_plan = tools, None
-        self.template = None
-        if forced:
-            prefix = OPEN + "\n" + ('{"name":' if forced is True else f'{{"name": "{forced}", "arguments":')
-            self.template = llm.tokenizer.encode(prefix)
+        self.tools, self.json_plan, self.call_plan = tools, None, None
+        self.template, self.forced = None, forced
+        if forced is True:                   # any tool: the model picks the name and writes the call
+            self.template = llm.tokenizer.encode(OPEN + "\n" + '{"name":')
+        elif forced:
+            head = OPEN + "\n" + '{"name": ' + json.dumps(forced) + ', "arguments": '
+            params = next(t["function"]["parameters"] for t in tools if t["function"]["name"] == forced)
+            self.call_plan = plan_tool_call(llm.tokenizer, head, params, "}\n" + CLOSE, request.params.max_tokens)
+            self.template = self.call_plan.template if self.call_plan else llm.tokenizer.encode(head.rstrip())
         elif request.response_format and request.response_format.get("type", "text") != "text":
             self.json_plan: JsonPlan | None = plan_json(llm.tokenizer, request.response_format,
                                                         request.params.max_tokens)
@@ -206,7 +210,11 @@ class Prepared:
         if self.json_plan is not None:
             parsed, content = self.json_plan.parse(self.llm.tokenizer, output.token_ids, text)
             return ChatResult(content, [], output.finish_reason, output, parsed)
-        content, calls, _ = parse_tool_calls(text) if self.tools else (text, [], [])
+        if self.call_plan is not None:       # the skeleton holds the call; read the argument slots
+            args = self.call_plan.parse(self.llm.tokenizer, output.token_ids, text)[0] if self.call_plan.slots else {}
+            content, calls = "", [{"name": self.forced, "arguments": args}]
+        else:
+            content, calls, _ = parse_tool_calls(text) if self.tools else (text, [], [])
         tool_calls = [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
                        "function": {"name": c["name"], "arguments": json.dumps(c["arguments"], ensure_ascii=False)}}
                       for c in calls]

@@ -48,7 +48,7 @@ class JsonPlan:
         out = {}
         for slot in self.slots:
             raw = tokenizer.decode(token_ids[slot.start:slot.end])
-            out[slot.key] = _coerce(raw, slot.kind, props[slot.key])
+            out[slot.key] = _coerce(raw, slot.kind, _scalar(props[slot.key]))
         return out, json.dumps(out, ensure_ascii=False)
 
 
@@ -84,8 +84,21 @@ def loads_lenient(text: str):
 def templatable(schema: dict) -> bool:
     props = schema.get("properties")
     return (schema.get("type", "object") == "object" and isinstance(props, dict) and bool(props)
-            and all(isinstance(p, dict) and (p.get("type") in ("string", "integer", "number", "boolean")
-                                             or "enum" in p) for p in props.values()))
+            and all(isinstance(p, dict) and (_scalar(p).get("type") in ("string", "integer", "number", "boolean")
+                                             or "enum" in _scalar(p)) for p in props.values()))
+
+
+def _scalar(prop: dict) -> dict:
+    """An optional property (``Optional[str]`` in pydantic: ``anyOf: [{type: string}, {type: null}]``,
+    or ``type: [string, null]``) as its non-null type; the skeleton always fills it in."""
+    branches = prop.get("anyOf") or prop.get("oneOf")
+    if isinstance(branches, list):
+        kept = [b for b in branches if isinstance(b, dict) and b.get("type") != "null"]
+        return kept[0] if len(kept) == 1 else prop
+    if isinstance(prop.get("type"), list):
+        kept = [t for t in prop["type"] if t != "null"]
+        return {**prop, "type": kept[0]} if len(kept) == 1 else prop
+    return prop
 
 
 def schema_of(response_format: dict) -> dict | None:
@@ -107,9 +120,34 @@ def plan_json(tokenizer, response_format: dict, max_tokens: int) -> JsonPlan:
     schema = schema_of(response_format)
     if schema is None or not templatable(schema):
         return JsonPlan(tokenizer.encode('{"'), schema)
+    template, slots = _skeleton(tokenizer, schema)
+    _check_fits(template, max_tokens, "The JSON schema")
+    return JsonPlan(template, schema, slots)
+
+
+def plan_tool_call(tokenizer, head: str, parameters: dict, tail: str, max_tokens: int) -> JsonPlan | None:
+    """A forced call to a known tool as a skeleton: ``head`` (the call up to its arguments), the
+    arguments object with value slots, ``tail``. Only the argument values are denoised, so the call
+    always parses and has the tool's argument names and types, whatever the model. None when the
+    parameters cannot be templated (nested objects, arrays): the caller writes ``head`` only."""
+    if parameters.get("properties"):
+        if not templatable(parameters):
+            return None
+        body, slots = _skeleton(tokenizer, parameters)
+    else:                                      # no arguments: the whole call is fixed text
+        body, slots = tokenizer.encode("{}"), []
+    start = tokenizer.encode(head)
+    template = start + body + tokenizer.encode(tail)
+    _check_fits(template, max_tokens, "The forced tool call")
+    shifted = [Slot(s.key, s.kind, s.start + len(start), s.end + len(start)) for s in slots]
+    return JsonPlan(template, parameters, shifted)
+
+
+def _skeleton(tokenizer, schema: dict) -> tuple[list[int | None], list[Slot]]:
     template: list[int | None] = []
     slots: list[Slot] = []
     for key, prop in schema["properties"].items():
+        prop = _scalar(prop)
         kind = "enum" if "enum" in prop else prop["type"]
         quoted = kind == "string" or (kind == "enum" and all(isinstance(v, str) for v in prop["enum"]))
         lead = '{"' if not slots else ('", "' if slots[-1].kind == "string" else ', "')
@@ -118,7 +156,10 @@ def plan_json(tokenizer, response_format: dict, max_tokens: int) -> JsonPlan:
         slots.append(Slot(key, "string" if quoted else kind, len(template), len(template) + n))
         template += [None] * n
     template += tokenizer.encode('"}' if slots[-1].kind == "string" else "}")
+    return template, slots
+
+
+def _check_fits(template: list, max_tokens: int, what: str) -> None:
     if len(template) > max_tokens:
-        raise DLMError(f"The JSON schema needs {len(template)} tokens of skeleton and value slots; "
+        raise DLMError(f"{what} needs {len(template)} tokens of skeleton and value slots; "
                        f"raise max_tokens (now {max_tokens}).")
-    return JsonPlan(template, schema, slots)

@@ -49,6 +49,7 @@ TIME = {"type": "function", "function": {"name": "get_time", "parameters": {"typ
 PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
                                            "score": {"type": "number"}, "member": {"type": "boolean"},
                                            "tier": {"enum": ["gold", "silver"]}}, "required": ["name"]}
+PERSON_TOOL = {"type": "function", "function": {"name": "set_person", "parameters": PERSON}}
 
 
 def test_normalize_messages_handles_framework_shapes():
@@ -96,12 +97,38 @@ def test_template_without_tools_gets_a_tool_prompt(llada_chat):
     assert "get_weather" in text and "<tool_call>" in text
 
 
-def test_forced_tool_choice_writes_the_call_prefix(dream_chat):
+def test_forced_tool_choice_writes_the_whole_call(dream_chat):
+    """A forced tool with templatable parameters is a skeleton: an untrained model's call parses."""
     llm = LLM(str(dream_chat))
-    req = ChatRequest([{"role": "user", "content": "weather?"}], SamplingParams(max_tokens=64, block_length=8),
-                      tools=[WEATHER, TIME], tool_choice="get_time")
-    result = complete(llm, req)
-    assert result.output.text.startswith('<tool_call>\n{"name": "get_time", "arguments":')
+    nested = {"type": "function", "function": {"name": "plan", "parameters": {
+        "type": "object", "properties": {"stops": {"type": "array", "items": {"type": "string"}}}}}}
+    for choice, sampler in (("get_time", "llada"), ("get_weather", "threshold"), ("any", "llada")):
+        tools = [WEATHER, TIME] if choice != "any" else [PERSON_TOOL]
+        req = ChatRequest([{"role": "user", "content": "weather?"}],
+                          SamplingParams(sampler=sampler, max_tokens=160, block_length=32, cache="dual"),
+                          tools=tools, tool_choice=choice)
+        result = complete(llm, req)
+        name = "set_person" if choice == "any" else choice
+        assert result.output.text.startswith(f'<tool_call>\n{{"name": "{name}", "arguments": {{')
+        assert result.finish_reason == "tool_calls" and result.content == ""
+        [call] = result.tool_calls
+        args = json.loads(call["function"]["arguments"])
+        assert call["function"]["name"] == name
+        expected = {"get_time": set(), "get_weather": {"city"}, "set_person": set(PERSON["properties"])}[name]
+        assert set(args) == expected and all(isinstance(v, str) for k, v in args.items() if k in ("city", "name"))
+    # parameters that cannot be templated: the call head is written and the model finishes it
+    prep = Prepared(llm, ChatRequest([{"role": "user", "content": "x"}], SamplingParams(max_tokens=64),
+                                     tools=[nested], tool_choice="plan"))
+    assert prep.call_plan is None
+    assert llm.tokenizer.decode(prep.template) == '<tool_call>\n{"name": "plan", "arguments":'
+
+
+def test_forced_tool_call_that_cannot_fit_says_so(dream_chat):
+    llm = LLM(str(dream_chat))
+    req = ChatRequest([{"role": "user", "content": "x"}], SamplingParams(max_tokens=16, block_length=8),
+                      tools=[PERSON_TOOL], tool_choice="set_person")
+    with pytest.raises(DLMError, match="forced tool call needs .* raise max_tokens"):
+        complete(llm, req)
 
 
 def test_json_skeleton_always_matches_the_schema(dream_chat):
@@ -147,3 +174,18 @@ def test_stream_splits_content_and_tool_calls(dream_chat):
     deltas = list(stream(llm, ChatRequest([{"role": "user", "content": "hi"}], params)))
     assert deltas[-1].result is not None
     assert "".join(d.content for d in deltas) == deltas[-1].result.content
+
+
+def test_optional_properties_are_templated_as_their_type(dream_chat):
+    """pydantic writes Optional[str] as anyOf [string, null]; the skeleton fills it as a string."""
+    llm = LLM(str(dream_chat))
+    schema = {"type": "object", "properties": {"setup": {"type": "string"},
+                                               "rating": {"anyOf": [{"type": "integer"}, {"type": "null"}]},
+                                               "tag": {"type": ["string", "null"]}}}
+    assert templatable(schema) and not templatable({"type": "object", "properties": {
+        "x": {"anyOf": [{"type": "integer"}, {"type": "string"}]}}})
+    fmt = {"type": "json_schema", "json_schema": {"name": "joke", "schema": schema}}
+    result = complete(llm, ChatRequest([{"role": "user", "content": "joke"}],
+                                       SamplingParams(max_tokens=96, block_length=16), response_format=fmt))
+    assert list(result.parsed) == ["setup", "rating", "tag"]
+    assert isinstance(result.parsed["rating"], int) and isinstance(result.parsed["tag"], str)
