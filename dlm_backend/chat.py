@@ -17,10 +17,12 @@ from typing import AsyncIterator, Iterator
 from dlm_backend.engine.outputs import GenerationOutput
 from dlm_backend.engine.params import SamplingParams
 from dlm_backend.errors import DLMError
-from dlm_backend.structured import JsonPlan, plan_json, plan_tool_call
+from dlm_backend.structured import JsonPlan, nearest, plan_json, plan_tool_call
 
 _TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
+NAME_HEAD = OPEN + "\n" + '{"name": "'
+NAME_SLOTS = 12                 # room for a tool name in the name pass of tool_choice "any"
 
 
 def parse_tool_calls(text: str) -> tuple[str, list[dict], list[str]]:
@@ -192,18 +194,37 @@ class Prepared:
         else:
             self.prompt_ids = llm.encode_chat(messages, tools=tools)
         self.tools, self.json_plan, self.call_plan = tools, None, None
-        self.template, self.forced = None, forced
-        if forced is True:                   # any tool: the model picks the name and writes the call
-            self.template = llm.tokenizer.encode(OPEN + "\n" + '{"name":')
+        self.template, self.forced = None, None
+        # "any" of several tools: a short pass writes the name first (pick_tool), then the call is
+        # the chosen tool's skeleton like a named choice.
+        self.choosing = forced is True
+        if self.choosing:
+            self.template = llm.tokenizer.encode(NAME_HEAD)
         elif forced:
-            head = OPEN + "\n" + '{"name": ' + json.dumps(forced) + ', "arguments": '
-            params = next(t["function"]["parameters"] for t in tools if t["function"]["name"] == forced)
-            self.call_plan = plan_tool_call(llm.tokenizer, head, params, "}\n" + CLOSE, request.params.max_tokens)
-            self.template = self.call_plan.template if self.call_plan else llm.tokenizer.encode(head.rstrip())
+            self.force(forced)
         elif request.response_format and request.response_format.get("type", "text") != "text":
             self.json_plan: JsonPlan | None = plan_json(llm.tokenizer, request.response_format,
                                                         request.params.max_tokens)
             self.template = self.json_plan.template
+
+    def force(self, name: str) -> None:
+        """Make the response a call to tool ``name``: a skeleton when its parameters can be templated."""
+        self.forced, self.choosing = name, False
+        head = OPEN + "\n" + '{"name": ' + json.dumps(name) + ', "arguments": '
+        params = next(t["function"]["parameters"] for t in self.tools if t["function"]["name"] == name)
+        self.call_plan = plan_tool_call(self.llm.tokenizer, head, params, "}\n" + CLOSE, self.request.params.max_tokens)
+        self.template = self.call_plan.template if self.call_plan else self.llm.tokenizer.encode(head.rstrip())
+
+    @property
+    def name_pass(self) -> SamplingParams:
+        """The short canvas of the name pass: the call head and room for a tool name, one token a step."""
+        n = len(self.template) + NAME_SLOTS
+        return self.request.params.replace(max_tokens=n, block_length=n, steps=None)
+
+    def pick_tool(self, text: str) -> None:
+        """Force the tool whose name is nearest to what the name pass wrote."""
+        written = text[len(NAME_HEAD):].split('"')[0] if text.startswith(NAME_HEAD) else text
+        self.force(nearest([t["function"]["name"] for t in self.tools], written.strip()))
 
     def finish(self, output: GenerationOutput) -> ChatResult:
         text = output.text or ""
@@ -225,6 +246,9 @@ class Prepared:
 def complete(llm, request: ChatRequest) -> ChatResult:
     """Run one chat request to the end."""
     prep = Prepared(llm, request)
+    if prep.choosing:
+        prep.pick_tool(llm.generate(prompt_token_ids=[prep.prompt_ids], sampling_params=prep.name_pass,
+                                    response_template=prep.template)[0].text)
     out = llm.generate(prompt_token_ids=[prep.prompt_ids], sampling_params=request.params,
                        response_template=prep.template)[0]
     return prep.finish(out)
@@ -233,6 +257,7 @@ def complete(llm, request: ChatRequest) -> ChatResult:
 async def acomplete(llm, request: ChatRequest, prep: Prepared | None = None) -> ChatResult:
     """``complete`` without blocking the event loop (``prep``: the request already prepared)."""
     prep = prep or Prepared(llm, request)
+    await _apick(llm, prep)
     out = (await llm.agenerate(prompt_token_ids=[prep.prompt_ids], sampling_params=request.params,
                                response_template=prep.template))[0]
     return prep.finish(out)
@@ -246,7 +271,9 @@ class _Splitter:
         self.raw = prep.tools is not None and prep.json_plan is None
 
     def feed(self, delta: str) -> list[ChatDelta]:
-        if not self.raw:            # JSON output streams as text; the final result carries `parsed`
+        if self.prep.json_plan is not None:     # the answer is the JSON read back at the end (close)
+            return []
+        if not self.raw:
             return [ChatDelta(content=delta)] if delta else []
         self.buffer += delta
         events = []
@@ -267,13 +294,19 @@ class _Splitter:
             self.buffer = self.buffer[end + len(CLOSE):]
 
     def close(self, result: ChatResult) -> list[ChatDelta]:
-        events = [ChatDelta(tool_call=call, index=i) for i, call in enumerate(result.tool_calls)]
+        # Structured output is sent whole: the raw canvas around the value slots is not the answer
+        # (a slot may hold text past its closing quote), the JSON read back from the slots is.
+        events = [ChatDelta(content=result.content)] if self.prep.json_plan is not None else []
+        events += [ChatDelta(tool_call=call, index=i) for i, call in enumerate(result.tool_calls)]
         return events + [ChatDelta(result=result)]
 
 
 def stream(llm, request: ChatRequest) -> Iterator[ChatDelta]:
     """Content as it is committed, tool calls once complete, then the final result."""
     prep = Prepared(llm, request)
+    if prep.choosing:
+        prep.pick_tool(llm.generate(prompt_token_ids=[prep.prompt_ids], sampling_params=prep.name_pass,
+                                    response_template=prep.template)[0].text)
     splitter = _Splitter(prep)
     for chunk in llm.stream(prompt_token_ids=prep.prompt_ids, sampling_params=request.params,
                             response_template=prep.template):
@@ -285,6 +318,7 @@ def stream(llm, request: ChatRequest) -> Iterator[ChatDelta]:
 async def astream(llm, request: ChatRequest, prep: Prepared | None = None) -> AsyncIterator[ChatDelta]:
     """``stream`` without blocking the event loop (``prep``: the request already prepared)."""
     prep = prep or Prepared(llm, request)
+    await _apick(llm, prep)
     splitter = _Splitter(prep)
     async for chunk in llm.astream(prompt_token_ids=prep.prompt_ids, sampling_params=request.params,
                                    response_template=prep.template):
@@ -293,3 +327,10 @@ async def astream(llm, request: ChatRequest, prep: Prepared | None = None) -> As
         if chunk.finished:
             for event in splitter.close(prep.finish(chunk.output)):
                 yield event
+
+
+async def _apick(llm, prep: Prepared) -> None:
+    if prep.choosing:
+        out = (await llm.agenerate(prompt_token_ids=[prep.prompt_ids], sampling_params=prep.name_pass,
+                                   response_template=prep.template))[0]
+        prep.pick_tool(out.text)

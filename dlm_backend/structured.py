@@ -56,7 +56,7 @@ def _coerce(raw: str, kind: str, prop: dict):
     if kind == "string":
         value = raw.split('"')[0].strip()
         if "enum" in prop and value not in prop["enum"]:
-            value = min(prop["enum"], key=lambda v: _distance(str(v), value))
+            value = nearest(prop["enum"], value)
         return value
     if kind == "boolean":
         return raw.strip().lower().startswith("t")
@@ -67,8 +67,13 @@ def _coerce(raw: str, kind: str, prop: dict):
     return int(number) if kind == "integer" or number.is_integer() else number
 
 
-def _distance(a: str, b: str) -> int:
-    return sum(x != y for x, y in zip(a, b)) + abs(len(a) - len(b))
+def nearest(options: list, written: str):
+    """The option closest to what the model wrote (characters that differ in place, plus length);
+    the first one on a tie."""
+    def distance(option) -> int:
+        a = str(option)
+        return sum(x != y for x, y in zip(a, written)) + abs(len(a) - len(written))
+    return min(options, key=distance)
 
 
 def loads_lenient(text: str):

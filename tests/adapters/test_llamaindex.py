@@ -44,12 +44,14 @@ def test_chat_complete_stream_and_async(dream_chat):
 
 
 def test_tool_plumbing(dream_chat):
-    llm = DLM(model=str(dream_chat), max_tokens=48, block_length=8)
+    llm = DLM(model=str(dream_chat), max_tokens=96, block_length=16)
     tool = FunctionTool.from_defaults(fn=get_weather)
     prepared = llm._prepare_chat_with_tools([tool], user_msg="weather in Paris?", tool_required=True)
     assert prepared["tool_choice"] == "required" and prepared["tools"][0]["function"]["name"] == "get_weather"
     response = llm.chat_with_tools([tool], user_msg="weather in Paris?", tool_choice="get_weather")
     assert isinstance(response, ChatResponse)
+    [call] = llm.get_tool_calls_from_response(response)           # a forced call always parses
+    assert call.tool_name == "get_weather" and set(call.tool_kwargs) == {"city"}
     fake = ChatResponse(message=ChatMessage(role=MessageRole.ASSISTANT, blocks=[
         TextBlock(text=""), ToolCallBlock(tool_call_id="c1", tool_name="get_weather", tool_kwargs={"city": "Paris"})]))
     calls = llm.get_tool_calls_from_response(fake)
