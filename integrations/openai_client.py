@@ -39,7 +39,11 @@ def main() -> dict:
         call = client.chat.completions.create(model=model, tools=tools, max_tokens=64,
                                               messages=[{"role": "user", "content": "Weather in Kyoto?"}])
         print("tool call:", call.choices[0].message.tool_calls)
-        return {"chat": chat, "streamed": streamed, "tool_call": call}
+        forced = client.chat.completions.create(model=model, tools=tools, max_tokens=64,
+                                                tool_choice={"type": "function", "function": {"name": "get_weather"}},
+                                                messages=[{"role": "user", "content": "Weather in Kyoto?"}])
+        print("forced tool call:", forced.choices[0].message.tool_calls)
+        return {"chat": chat, "streamed": streamed, "tool_call": call, "forced": forced}
     finally:
         server.terminate()
         server.wait(timeout=30)

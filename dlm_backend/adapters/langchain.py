@@ -165,7 +165,7 @@ class ChatDLM(BaseChatModel):
                                include_raw: bool = False, strict: bool | None = None,
                                **kwargs: Any) -> Runnable[LanguageModelInput, dict | BaseModel]:
         """Answers parsed into ``schema``; ``json_schema`` writes the JSON skeleton into the canvas."""
-        is_model = isinstance(schema, type) and issubclass(schema, BaseModel)
+        is_model = _is_pydantic(schema)
         ls_format = {"kwargs": {"method": method}, "schema": schema}
         if method == "function_calling":
             tool = convert_to_openai_tool(schema)
@@ -191,8 +191,18 @@ class ChatDLM(BaseChatModel):
         return RunnableMap(raw=llm) | parsed.with_fallbacks([fallback], exception_key="parsing_error")
 
 
-def _PydanticJson(schema: type[BaseModel]) -> Runnable:
-    return JsonOutputParser() | (lambda obj: schema.model_validate(obj))
+def _is_pydantic(schema) -> bool:
+    """A pydantic v2 model, or a v1 one (``pydantic.v1``, which LangChain still accepts)."""
+    if not isinstance(schema, type):
+        return False
+    from pydantic.v1 import BaseModel as BaseModelV1
+
+    return issubclass(schema, (BaseModel, BaseModelV1))
+
+
+def _PydanticJson(schema: type) -> Runnable:
+    validate = schema.model_validate if issubclass(schema, BaseModel) else schema.parse_obj
+    return JsonOutputParser() | (lambda obj: validate(obj))
 
 
 def _args(call: dict) -> dict:
