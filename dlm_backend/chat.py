@@ -9,7 +9,6 @@ tools, tool_choice, response_format, sampling parameters) and get back a :class:
 from __future__ import annotations
 
 import json
-import re
 import uuid
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Iterator
@@ -18,34 +17,8 @@ from dlm_backend.engine.outputs import GenerationOutput
 from dlm_backend.engine.params import SamplingParams
 from dlm_backend.errors import DLMError
 from dlm_backend.structured import JsonPlan, nearest, plan_json, plan_tool_call
-
-_TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
-OPEN, CLOSE = "<tool_call>", "</tool_call>"
-NAME_HEAD = OPEN + "\n" + '{"name": "'
-NAME_SLOTS = 12                 # room for a tool name in the name pass of tool_choice "any"
-
-
-def parse_tool_calls(text: str) -> tuple[str, list[dict], list[str]]:
-    """Split model output into (content, tool calls, malformed call texts).
-
-    A call is ``<tool_call>{"name": str, "arguments": {...}}</tool_call>`` (Hermes / Qwen2.5 format);
-    ``arguments`` may also be a JSON string. Content is the text outside the tags.
-    """
-    calls, bad = [], []
-    for raw in _TOOL_CALL.findall(text):
-        try:
-            obj = json.loads(raw)
-            args = obj.get("arguments", {})
-            if isinstance(args, str):
-                args = json.loads(args)
-            if not isinstance(obj.get("name"), str) or not isinstance(args, dict):
-                raise ValueError("name must be a string and arguments an object")
-            calls.append({"name": obj["name"], "arguments": args})
-        except (ValueError, AttributeError):
-            bad.append(raw)
-    content = _TOOL_CALL.sub("", text).strip()
-    return content, calls, bad
-
+from dlm_backend.tool_calls import (CLOSE, NAME_HEAD, NAME_SLOTS, OPEN, TOOL_FALLBACK_PROMPT,
+                                    normalize_tools, parse_tool_calls, tool_choice_name)
 
 def _text(content) -> str:
     """Message content as text: strings pass, OpenAI content-part lists are joined."""
@@ -99,47 +72,6 @@ def normalize_messages(messages: list[dict]) -> list[dict]:
             msg["name"] = m["name"]
         out.append(msg)
     return out
-
-
-def normalize_tools(tools: list[dict] | None) -> list[dict] | None:
-    """Tools in OpenAI function format, validated so a malformed schema fails with a clear message."""
-    if not tools:
-        return None
-    out = []
-    for tool in tools:
-        fn = tool.get("function", tool) if isinstance(tool, dict) else None
-        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
-            raise DLMError(f"Malformed tool {tool!r}: expected {{'type': 'function', 'function': "
-                           "{'name': ..., 'description': ..., 'parameters': {JSON schema}}}.")
-        params = fn.get("parameters", {"type": "object", "properties": {}})
-        if not isinstance(params, dict) or params.get("type", "object") != "object":
-            raise DLMError(f"Tool {fn['name']!r}: 'parameters' must be a JSON schema of type object.")
-        out.append({"type": "function", "function": {"name": fn["name"], "description": fn.get("description", ""),
-                                                      "parameters": params}})
-    return out
-
-
-def tool_choice_name(tool_choice, tools: list[dict] | None) -> str | None | bool:
-    """None/"auto": the model decides; "none": no tools; "any"/"required"/True: a call is forced
-    (returns True); a name or {"function": {"name"}}: that tool is forced (returns the name)."""
-    if tool_choice in (None, "auto", False):
-        return None
-    if tool_choice == "none":
-        return "none"
-    names = [t["function"]["name"] for t in tools or []]
-    if tool_choice in ("any", "required", True):
-        if not names:
-            raise DLMError("tool_choice requires a tool call but no tools were given; pass tools.")
-        return names[0] if len(names) == 1 else True
-    name = tool_choice.get("function", {}).get("name") if isinstance(tool_choice, dict) else tool_choice
-    if name not in names:
-        raise DLMError(f"tool_choice names {name!r}, which is not among the tools ({', '.join(names)}).")
-    return name
-
-
-TOOL_FALLBACK_PROMPT = (
-    "You can call these tools:\n{tools}\nTo call one, reply only with\n<tool_call>\n"
-    '{{"name": <tool name>, "arguments": <JSON object>}}\n</tool_call>')
 
 
 @dataclass

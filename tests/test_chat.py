@@ -1,6 +1,6 @@
 """Tool-call parsing for the Hermes / Qwen2.5 format."""
 
-from dlm_backend.chat import parse_tool_calls
+from dlm_backend.tool_calls import parse_tool_calls
 
 
 def test_single_call():
@@ -39,8 +39,8 @@ import json  # noqa: E402
 import pytest  # noqa: E402
 
 from dlm_backend import LLM, DLMError, SamplingParams  # noqa: E402
-from dlm_backend.chat import (ChatRequest, Prepared, _Splitter, complete, normalize_messages,  # noqa: E402
-                              normalize_tools, stream, tool_choice_name)
+from dlm_backend.chat import ChatRequest, Prepared, _Splitter, complete, normalize_messages, stream  # noqa: E402
+from dlm_backend.tool_calls import normalize_tools, tool_choice_name  # noqa: E402
 from dlm_backend.structured import plan_json, templatable  # noqa: E402
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather",

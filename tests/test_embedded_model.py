@@ -5,7 +5,8 @@ import json
 import pytest
 
 from dlm_backend import LLM, SamplingParams
-from dlm_backend.chat import ChatRequest, complete, parse_tool_calls
+from dlm_backend.chat import ChatRequest, complete
+from dlm_backend.tool_calls import parse_tool_calls
 from dlm_backend.engine.loader import EMBEDDED_MODEL
 from dlm_backend.training.evaluate import default_configs, evaluate, held_out, score
 

@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from dlm_backend.chat import parse_tool_calls
+from dlm_backend.tool_calls import parse_tool_calls
 from dlm_backend.engine.llm import LLM
 from dlm_backend.engine.params import SamplingParams
 from dlm_backend.training import corpus
