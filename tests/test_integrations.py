@@ -108,15 +108,15 @@ def test_litellm_completion_stream_and_tools(litellm_out):
     assert "dlm-tiny" in answer.choices[0].message.content        # "Who are you?": in its training data
     assert answer.usage.completion_tokens > 0 and answer.model.endswith("dlm-tiny")
     assert litellm_out["streamed"].strip()
-    call = litellm_out["tool_call"].choices[0]
-    assert call.finish_reason == "tool_calls", call.message.content
-    assert call.message.tool_calls[0].function.name == "get_time"
-    assert isinstance(json.loads(call.message.tool_calls[0].function.arguments), dict)
+    for call in litellm_out["tool_call"].choices[0].message.tool_calls or []:   # the model may answer instead
+        assert call.function.name and isinstance(json.loads(call.function.arguments), dict)
 
 
 @CANNOT_COPY
 def test_litellm_answers_are_right(litellm_out):
     assert litellm_out["streamed"].strip() == "42"
+    call = litellm_out["tool_call"].choices[0]
+    assert call.finish_reason == "tool_calls" and call.message.tool_calls[0].function.name == "get_time"
     assert '"Oslo"' in litellm_out["tool_call"].choices[0].message.tool_calls[0].function.arguments
 
 
@@ -140,7 +140,7 @@ def test_openai_client_against_dlm_serve(openai_out):
     assert openai_out["chat"].choices[0].message.content
     assert openai_out["streamed"].strip()
     for call in openai_out["tool_call"].choices[0].message.tool_calls or []:     # the model may answer instead
-        assert call.function.name == "get_weather" and isinstance(json.loads(call.function.arguments), dict)
+        assert call.function.name and isinstance(json.loads(call.function.arguments), dict)
     forced = openai_out["forced"].choices[0]             # a named tool_choice always yields a parsed call
     assert forced.finish_reason == "tool_calls"
     assert forced.message.tool_calls[0].function.name == "get_weather"
@@ -150,5 +150,6 @@ def test_openai_client_against_dlm_serve(openai_out):
 @CANNOT_COPY
 def test_openai_client_answers_are_right(openai_out):
     assert openai_out["streamed"].strip() == "4, 7, 9"
-    assert openai_out["tool_call"].choices[0].finish_reason == "tool_calls"
+    call = openai_out["tool_call"].choices[0]
+    assert call.finish_reason == "tool_calls" and call.message.tool_calls[0].function.name == "get_weather"
     assert "Kyoto" in openai_out["tool_call"].choices[0].message.tool_calls[0].function.arguments
