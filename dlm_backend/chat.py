@@ -20,6 +20,7 @@ from dlm_backend.structured import JsonPlan, nearest, plan_json, plan_tool_call
 from dlm_backend.tool_calls import (CLOSE, NAME_HEAD, NAME_SLOTS, OPEN, TOOL_FALLBACK_PROMPT,
                                     normalize_tools, parse_tool_calls, tool_choice_name)
 
+
 def _text(content) -> str:
     """Message content as text: strings pass, OpenAI content-part lists are joined."""
     if content is None:
@@ -178,9 +179,7 @@ class Prepared:
 def complete(llm, request: ChatRequest) -> ChatResult:
     """Run one chat request to the end."""
     prep = Prepared(llm, request)
-    if prep.choosing:
-        prep.pick_tool(llm.generate(prompt_token_ids=[prep.prompt_ids], sampling_params=prep.name_pass,
-                                    response_template=prep.template)[0].text)
+    _pick(llm, prep)
     out = llm.generate(prompt_token_ids=[prep.prompt_ids], sampling_params=request.params,
                        response_template=prep.template)[0]
     return prep.finish(out)
@@ -236,9 +235,7 @@ class _Splitter:
 def stream(llm, request: ChatRequest) -> Iterator[ChatDelta]:
     """Content as it is committed, tool calls once complete, then the final result."""
     prep = Prepared(llm, request)
-    if prep.choosing:
-        prep.pick_tool(llm.generate(prompt_token_ids=[prep.prompt_ids], sampling_params=prep.name_pass,
-                                    response_template=prep.template)[0].text)
+    _pick(llm, prep)
     splitter = _Splitter(prep)
     for chunk in llm.stream(prompt_token_ids=prep.prompt_ids, sampling_params=request.params,
                             response_template=prep.template):
@@ -259,6 +256,13 @@ async def astream(llm, request: ChatRequest, prep: Prepared | None = None) -> As
         if chunk.finished:
             for event in splitter.close(prep.finish(chunk.output)):
                 yield event
+
+
+def _pick(llm, prep: Prepared) -> None:
+    """tool_choice "any" over several tools: the name pass, then the chosen tool's skeleton."""
+    if prep.choosing:
+        prep.pick_tool(llm.generate(prompt_token_ids=[prep.prompt_ids], sampling_params=prep.name_pass,
+                                    response_template=prep.template)[0].text)
 
 
 async def _apick(llm, prep: Prepared) -> None:
