@@ -196,3 +196,24 @@ def test_optional_properties_are_templated_as_their_type(dream_chat):
                                           SamplingParams(max_tokens=96, block_length=16), response_format=fmt)))
     text = "".join(d.content for d in deltas)
     assert text == deltas[-1].result.content and json.loads(text) == deltas[-1].result.parsed
+
+
+def test_any_of_several_tools_async_and_streamed(dream_chat):
+    """The name pass runs on every path: acomplete, stream and astream each end in one parsed call."""
+    import asyncio
+
+    from dlm_backend.chat import acomplete, astream
+
+    llm = LLM(str(dream_chat))
+    req = ChatRequest([{"role": "user", "content": "weather?"}],
+                      SamplingParams(max_tokens=96, block_length=32, cache="dual", sampler="threshold"),
+                      tools=[WEATHER, TIME], tool_choice="required")
+
+    async def streamed():
+        return [d async for d in astream(llm, req)]
+
+    results = [asyncio.run(acomplete(llm, req)), list(stream(llm, req))[-1].result, asyncio.run(streamed())[-1].result]
+    for result in results:
+        [call] = result.tool_calls
+        assert call["function"]["name"] in ("get_weather", "get_time") and result.finish_reason == "tool_calls"
+        assert isinstance(json.loads(call["function"]["arguments"]), dict)
