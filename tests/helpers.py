@@ -10,9 +10,15 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 FIXTURES = Path(__file__).parent / "fixtures"
+# The shipped dlm-tiny writes every format but does not copy unseen values from its prompt
+# (docs/dlm-tiny/findings.md); tests of the right answer carry this mark and XPASS once a model can.
+CANNOT_COPY = pytest.mark.xfail(
+    reason="model capability: dlm-tiny does not copy unseen names or values from the prompt "
+           "(held-out QA 7%, tool calls 27% exact; docs/dlm-tiny/findings.md)", strict=False)
 PARITY = FIXTURES / "parity"
 
 CORPUS = [

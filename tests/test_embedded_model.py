@@ -9,9 +9,7 @@ from dlm_backend.chat import ChatRequest, complete
 from dlm_backend.tool_calls import parse_tool_calls
 from dlm_backend.engine.loader import EMBEDDED_MODEL
 from dlm_backend.training.evaluate import default_configs, evaluate, held_out, score
-
-pytestmark = pytest.mark.skipif(not (EMBEDDED_MODEL / "model.safetensors").is_file(),
-                                reason="the embedded model is not built (run `dlm train`)")
+from helpers import CANNOT_COPY
 
 GREEDY = SamplingParams(sampler="llada", max_tokens=64, block_length=32, steps=64)
 FAST = SamplingParams(sampler="threshold", threshold=0.9, max_tokens=64, block_length=32, cache="dual")
@@ -36,11 +34,6 @@ def test_answers_held_out_chat_prompts():
                            sampling_params=GREEDY)
     scores = [score(e, o.text)["exact"] for e, o in zip(examples, outputs)]
     assert sum(scores) >= len(examples) // 2, [(e.target, o.text) for e, o in zip(examples, outputs)]
-
-
-CANNOT_COPY = pytest.mark.xfail(
-    reason="model capability: dlm-tiny does not copy unseen names or values from the prompt "
-           "(docs/dlm-tiny/findings.md)", strict=False)
 
 
 @CANNOT_COPY

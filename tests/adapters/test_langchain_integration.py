@@ -15,10 +15,6 @@ pytest.importorskip("langchain_tests", reason="install the [langchain] extra and
 from langchain_tests.integration_tests import ChatModelIntegrationTests  # noqa: E402
 
 from tests.adapters.langchain_common import ChatDLMSuite  # noqa: E402
-from dlm_backend.engine.loader import EMBEDDED_MODEL  # noqa: E402
-
-pytestmark = pytest.mark.skipif(not (EMBEDDED_MODEL / "model.safetensors").is_file(),
-                                reason="the embedded model is not built (run `dlm train`)")
 
 COPY = ("model capability: the forced call always parses (skeleton), but dlm-tiny does not copy the argument "
         "value from the prompt (magic_function(3) gets input 0)")
