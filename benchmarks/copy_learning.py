@@ -16,7 +16,12 @@ Even "some earlier token comes next" (a bag of the context, 1.5 nats under chanc
 in 300 steps, by this model or by torch's own nn.TransformerEncoder: content-addressed attention sits
 on a plateau longer than a CPU training run, which is why no dlm-tiny run copies unseen names.
 
+--circuit starts from the induction circuit of dlm_backend/training/circuits.py (session 5):
+  induction, full vocabulary: 5.9 at step 0, 3.0 at 50, 1.0 at 100 (against chance for 800 steps);
+  corpus: 4.6-4.9 at 125-175 steps: a reply's first copied token still has to be found by meaning.
+
     .venv/bin/python benchmarks/copy_learning.py --task induction --alphabet 256 --positional --steps 600
+    .venv/bin/python benchmarks/copy_learning.py --task induction --circuit --steps 100
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from dlm_backend.engine.layers import AttentionContext, attention_context
 from dlm_backend.engine.models.dream import DreamModel
 from dlm_backend.engine.tokenizer import Tokenizer as ChatTokenizer
 from dlm_backend.training import corpus
+from dlm_backend.training.circuits import build_copy_circuit
 from dlm_backend.training.objective import PackedBatches
 from dlm_backend.training.train import (TrainConfig, build_tokenizer, encode_examples, init_weights,
                                         model_config, write_checkpoint_files)
@@ -117,6 +123,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--alphabet", type=int, default=0, help="induction: token ids drawn (0: the vocabulary)")
     ap.add_argument("--positional", action="store_true", help="start layer 0 with neighbour heads")
+    ap.add_argument("--circuit", action="store_true", help="start with the built copy circuit (training/circuits.py)")
+    ap.add_argument("--gain", type=float, default=4.0)
+    ap.add_argument("--match", type=float, default=30.0)
     ap.add_argument("--layers", type=int, default=TrainConfig.num_layers)
     ap.add_argument("--lr", type=float, default=2e-3)
     args = ap.parse_args()
@@ -136,6 +145,8 @@ def main() -> None:
     init_weights(model, 0)
     if args.positional:
         positional_heads(model, config["rope_theta"])
+    if args.circuit:
+        build_copy_circuit(model, config["rope_theta"], 0, match=args.match, copy_gain=args.gain)
     model.setup("cpu")
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.98))
     start = time.time()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 from dataclasses import fields
 from pathlib import Path
@@ -42,8 +43,8 @@ def register_commands(subparsers):
 
     p = subparsers.add_parser("train", help="train dlm-tiny from scratch (masked-diffusion SFT)")
     for f in fields(TrainConfig):
-        p.add_argument("--" + f.name.replace("_", "-"), dest=f.name, type=type(f.default), default=None,
-                       help=f"default {f.default}")
+        kind = {"action": argparse.BooleanOptionalAction} if isinstance(f.default, bool) else {"type": type(f.default)}
+        p.add_argument("--" + f.name.replace("_", "-"), dest=f.name, default=None, help=f"default {f.default}", **kind)
     p.set_defaults(func=_train)
     p = subparsers.add_parser("eval", help="held-out quality and speed for every sampler and cache mode")
     p.add_argument("model", nargs="?", default=None, help="checkpoint (default: the embedded dlm-tiny)")

@@ -25,6 +25,7 @@ from tqdm.auto import tqdm
 from dlm_backend.engine.models.dream import DreamModel
 from dlm_backend.engine.tokenizer import Tokenizer as ChatTokenizer
 from dlm_backend.training import corpus
+from dlm_backend.training.circuits import build_copy_circuit
 from dlm_backend.training.objective import PackedBatches, diffusion_loss
 from dlm_backend.training.template import CHAT_TEMPLATE, EOS, MASK, SPECIAL_TOKENS, TOOL_TOKENS
 
@@ -59,6 +60,10 @@ class TrainConfig:
     ar_until: float = 0.6
     save_every: int = 250
     init_from: str = ""            # a finished dlm-tiny folder to continue from (its tokenizer too)
+    # Start layers 0-1 with a built induction circuit (circuits.py says why): on the induction task
+    # copy loss falls 8.3 -> 1.0 in 100 steps with it and stays at chance for 800 without.
+    copy_circuit: bool = True
+    copy_gain: float = 16.0
 
 
 def build_tokenizer(texts: list[str], vocab_size: int) -> Tokenizer:
@@ -169,6 +174,8 @@ def train(cfg: TrainConfig, stop_at: int | None = None) -> Path:
 
     model = DreamModel.from_config(config)
     init_weights(model, cfg.seed)
+    if cfg.copy_circuit and not cfg.init_from:
+        build_copy_circuit(model, config["rope_theta"], cfg.seed, copy_gain=cfg.copy_gain)
     if cfg.init_from:
         model.load_state_dict(load_file(str(Path(cfg.init_from) / "model.safetensors")))
     model.setup("cpu")

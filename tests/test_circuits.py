@@ -1,0 +1,77 @@
+"""The copy circuit dlm-tiny starts from (dlm_backend/training/circuits.py)."""
+
+import pytest
+import torch
+
+from dlm_backend.engine.layers import AttentionContext, attention_context
+from dlm_backend.engine.models.dream import DreamModel
+from dlm_backend.errors import DLMError
+from dlm_backend.training.circuits import build_copy_circuit
+from dlm_backend.training.train import init_weights
+
+# dlm-tiny's attention shape (head_dim 64: the match uses the slowest rotary pairs); a smaller vocabulary.
+CONFIG = {"architectures": ["DreamModel"], "model_type": "Dream", "hidden_act": "silu", "hidden_size": 256,
+          "intermediate_size": 256, "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2,
+          "vocab_size": 1024, "max_position_embeddings": 512, "rope_theta": 10000.0, "rms_norm_eps": 1e-6,
+          "tie_word_embeddings": True, "mask_token_id": 3, "eos_token_id": 0, "pad_token_id": 0,
+          "torch_dtype": "float32"}
+
+
+def _model(circuit: bool, **config) -> DreamModel:
+    model = DreamModel.from_config({**CONFIG, **config})
+    init_weights(model, 0)
+    if circuit:
+        build_copy_circuit(model, CONFIG["rope_theta"], seed=0)
+    model.setup("cpu")
+    return model
+
+
+def _copy_accuracy(model: DreamModel, bidirectional: bool) -> float:
+    """Random tokens with 12-token spans repeated from random earlier offsets; the share of repeated
+    tokens (after a span's first) the untrained model predicts from the token before them."""
+    gen = torch.Generator().manual_seed(1)
+    L, n = 160, 12
+    ids = torch.randint(10, CONFIG["vocab_size"], (L,), generator=gen)
+    targets = []
+    for dst in range(80, L - n + 1, n):
+        src = int(torch.randint(0, 80 - n, (), generator=gen))
+        ids[dst:dst + n] = ids[src:src + n]
+        targets += range(dst + 1, dst + n)
+    attend = torch.ones(L, L, dtype=torch.bool)
+    if not bidirectional:
+        attend = attend.tril()
+    with torch.no_grad(), attention_context(AttentionContext(rows=(1, L), attend=attend[None])):
+        hidden = model(ids, torch.arange(L))                                        # [L, D]
+        pred = model.compute_logits(hidden[torch.tensor(targets) - 1]).argmax(-1)   # shift 1: i-1 predicts i
+    return (pred == ids[targets]).float().mean().item()
+
+
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_the_built_circuit_copies_before_any_training(bidirectional):
+    # Bidirectional is the diffusion case: every key is visible, including the span's source.
+    assert _copy_accuracy(_model(circuit=True), bidirectional) > 0.9
+    assert _copy_accuracy(_model(circuit=False), bidirectional) < 0.05
+
+
+def test_layer_zero_head_zero_attends_to_the_previous_token():
+    model = _model(circuit=True)
+    att = model.model.layers[0].self_attn
+    L = 40
+    captured = {}
+    att.register_forward_hook(lambda mod, args, out: captured.setdefault("x", args[0]))
+    ids = torch.randint(10, 1000, (L,))
+    with torch.no_grad(), attention_context(AttentionContext(rows=(1, L), attend=torch.ones(1, L, L, dtype=torch.bool))):
+        model(ids, torch.arange(L))
+    from dlm_backend.engine.layers.rotary import RotaryTable, apply_rotary
+    cos, sin = RotaryTable(att.head_dim, CONFIG["rope_theta"], L, "cpu").lookup(torch.arange(L))
+    x = captured["x"]
+    q = apply_rotary(att.q_proj(x).view(L, -1, att.head_dim), cos, sin, False)[:, 0]   # [L, hd]
+    k = apply_rotary(att.k_proj(x).view(L, -1, att.head_dim), cos, sin, False)[:, 0]
+    weights = (q @ k.T / att.head_dim ** 0.5).softmax(-1)                                 # [L, L]
+    assert (weights[1:].argmax(-1) == torch.arange(L - 1)).all()
+    assert weights[1:].max(-1).values.min() > 0.99
+
+
+def test_too_small_a_model_is_a_clear_error():
+    with pytest.raises(DLMError, match="--no-copy-circuit"):
+        _model(circuit=True, num_hidden_layers=1)
