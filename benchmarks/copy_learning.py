@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import tempfile
 import time
 from pathlib import Path
@@ -40,39 +39,25 @@ from dlm_backend.engine.layers import AttentionContext, attention_context
 from dlm_backend.engine.models.dream import DreamModel
 from dlm_backend.engine.tokenizer import Tokenizer as ChatTokenizer
 from dlm_backend.training import corpus
-from dlm_backend.training.circuits import build_copy_circuit
+from dlm_backend.training.circuits import build_copy_circuit, neighbour_bias
 from dlm_backend.training.objective import PackedBatches
 from dlm_backend.training.train import (TrainConfig, build_tokenizer, encode_examples, init_weights,
                                         model_config, write_checkpoint_files)
 
 
-def positional_heads(model: DreamModel, theta: float, sharpness: float = 8.0, pairs: int = 8) -> None:
-    """Make layer 0's first two query heads attend to the previous and the next token.
+def positional_heads(model: DreamModel, theta: float) -> None:
+    """Make layer 0's first two query heads attend to the previous and the next token (``--positional``).
 
-    Copying at a random offset needs an induction circuit: a head that writes "my neighbour is X"
-    at every position and a later head that finds the earlier position whose neighbour matches.
-    From random weights each helps only once the other exists; ``--positional`` starts the first
-    one built, to see whether the match is then learned quickly (it was not: module docstring).
-
-    Only the q/k biases are set, so attention depends on relative position alone: with k = a and
-    q = a e^{-i theta_j} on the ``pairs`` fastest rotary pairs, RoPE makes the score of key n for
-    query m equal to a^2 sum_j cos((m - n - 1) theta_j), largest at n = m - 1 and ``sharpness``
-    logits above any other key (the next-token head uses e^{+i theta_j}). Both query heads share kv
-    head 0. Training is free to change all of it.
+    Only the q/k biases are set (:func:`neighbour_bias`), so attention depends on relative position
+    alone; both query heads share kv head 0. This is the first half of an induction circuit: does
+    the match then get learned quickly? (It did not: module docstring.)
     """
     attn = model.model.layers[0].self_attn
     hd = attn.head_dim
-    freqs = theta ** (-torch.arange(0, hd, 2, dtype=torch.float64)[:pairs] / hd)       # [pairs]
-    margin = float(pairs - torch.cos(freqs).sum())          # peak minus the best other offset (Δ = 0, 2)
-    a = math.sqrt(sharpness * math.sqrt(hd) / margin)
+    prev_q, next_q, k = neighbour_bias(hd, theta)
     with torch.no_grad():
-        attn.k_proj.bias[:hd].zero_()
-        attn.k_proj.bias[:pairs] = a
-        for head, sign in ((0, -1.0), (1, 1.0)):            # query head 0 looks back, head 1 forward
-            q = attn.q_proj.bias[head * hd:(head + 1) * hd]
-            q.zero_()
-            q[:pairs] = (a * torch.cos(freqs)).float()
-            q[hd // 2:hd // 2 + pairs] = (sign * a * torch.sin(freqs)).float()
+        attn.k_proj.bias[:hd] = k
+        attn.q_proj.bias[:hd], attn.q_proj.bias[hd:2 * hd] = prev_q, next_q
 
 
 def fixed_batches(vocab: int, n: int = 12, batch: int = 32):
