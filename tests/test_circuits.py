@@ -6,7 +6,7 @@ import torch
 from dlm_backend.engine.layers import AttentionContext, attention_context
 from dlm_backend.engine.models.dream import DreamModel
 from dlm_backend.errors import DLMError
-from dlm_backend.training.circuits import build_copy_circuit
+from dlm_backend.training.circuits import build_copy_circuit, circuit_parts, freeze_copy_circuit
 from dlm_backend.training.train import init_weights
 
 # dlm-tiny's attention shape (head_dim 64: the match uses the slowest rotary pairs); a smaller vocabulary.
@@ -26,17 +26,23 @@ def _model(circuit: bool, **config) -> DreamModel:
     return model
 
 
-def _copy_accuracy(model: DreamModel, bidirectional: bool) -> float:
-    """Random tokens with 12-token spans repeated from random earlier offsets; the share of repeated
-    tokens (after a span's first) the untrained model predicts from the token before them."""
-    gen = torch.Generator().manual_seed(1)
-    L, n = 160, 12
+def _induction(seed: int, L: int = 160, n: int = 12) -> tuple[torch.Tensor, list[int]]:
+    """Random tokens with ``n``-token spans repeated from random earlier offsets, and the positions
+    that can be predicted by copying (every repeated token after a span's first)."""
+    gen = torch.Generator().manual_seed(seed)
     ids = torch.randint(10, CONFIG["vocab_size"], (L,), generator=gen)
     targets = []
-    for dst in range(80, L - n + 1, n):
-        src = int(torch.randint(0, 80 - n, (), generator=gen))
+    for dst in range(L // 2, L - n + 1, n):
+        src = int(torch.randint(0, L // 2 - n, (), generator=gen))
         ids[dst:dst + n] = ids[src:src + n]
         targets += range(dst + 1, dst + n)
+    return ids, targets
+
+
+def _copy_accuracy(model: DreamModel, bidirectional: bool) -> float:
+    """The share of copyable tokens the model predicts from the token before them."""
+    ids, targets = _induction(seed=1)
+    L = len(ids)
     attend = torch.ones(L, L, dtype=torch.bool)
     if not bidirectional:
         attend = attend.tril()
@@ -75,3 +81,24 @@ def test_layer_zero_head_zero_attends_to_the_previous_token():
 def test_too_small_a_model_is_a_clear_error():
     with pytest.raises(DLMError, match="--no-copy-circuit"):
         _model(circuit=True, num_hidden_layers=1)
+
+
+def test_training_leaves_the_frozen_circuit_as_built():
+    model = _model(circuit=True)
+    freeze_copy_circuit(model)
+    parts = circuit_parts(model)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    opt = torch.optim.AdamW(model.parameters(), lr=2e-3, weight_decay=0.0)     # dlm train's peak
+    for seed in range(2, 5):
+        ids, _ = _induction(seed)
+        L = len(ids)
+        with attention_context(AttentionContext(rows=(1, L), attend=torch.ones(1, L, L, dtype=torch.bool))):
+            loss = torch.nn.functional.cross_entropy(model.compute_logits(model(ids, torch.arange(L))[:-1]), ids[1:])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    after = dict(model.named_parameters())
+    for name, mask in parts.items():
+        assert torch.equal(after[name][mask], before[name][mask]), name
+    assert not torch.equal(after["model.embed_tokens.weight"], before["model.embed_tokens.weight"])
+    assert _copy_accuracy(model, bidirectional=True) > 0.7       # 1.0 before; the free weights moved too

@@ -52,6 +52,16 @@ def neighbour_bias(head_dim: int, theta: float, pairs: int = 8, sharpness: float
     return qs[0], qs[1], k.float()
 
 
+def _shape(model: DreamModel, code_dims: int) -> tuple[int, int, int]:
+    """(hidden size, head size, code dims actually used)."""
+    layers = model.model.layers
+    if len(layers) < 2:
+        raise DLMError(f"the copy circuit needs 2 layers, the model has {len(layers)}: "
+                       "train with --num-layers 2 or more, or --no-copy-circuit")
+    D, hd = model.model.embed_tokens.weight.shape[1], layers[0].self_attn.head_dim
+    return D, hd, min(code_dims, hd, D - hd, D // 2) // 2 * 2
+
+
 def build_copy_circuit(model: DreamModel, theta: float, seed: int, code_dims: int = 24,
                        match: float = 30.0, copy_gain: float = 16.0) -> None:
     """Write the induction circuit described in the module docstring into ``model`` (in place).
@@ -61,16 +71,10 @@ def build_copy_circuit(model: DreamModel, theta: float, seed: int, code_dims: in
     code equals the query's own code; ``copy_gain`` scales the copied token relative to the
     embedding scale (16: on a 4096-token vocabulary the induction loss starts at 5.9, not 8.3).
     """
-    layers = model.model.layers
-    if len(layers) < 2:
-        raise DLMError(f"the copy circuit needs 2 layers, the model has {len(layers)}: "
-                       "train with --num-layers 2 or more, or --no-copy-circuit")
+    D, hd, C = _shape(model, code_dims)
     gen = torch.Generator().manual_seed(seed + 7919)
     emb = model.model.embed_tokens.weight                    # [V, D]
-    D = emb.shape[1]
-    layer0, layer1 = layers[0], layers[1]
-    hd = layer0.self_attn.head_dim
-    C = min(code_dims, hd, D - hd, D // 2) // 2 * 2
+    layer0, layer1 = model.model.layers[0], model.model.layers[1]
     std = float(emb.detach().std())
     P = slice(D - C, D)
     slow = [*range(hd // 2 - C // 2, hd // 2), *range(hd - C // 2, hd)]     # head dims on the slowest pairs
@@ -111,3 +115,50 @@ def build_copy_circuit(model: DreamModel, theta: float, seed: int, code_dims: in
         att.v_proj.bias[:hd] = 0
         att.v_proj.weight[:hd, :D - C] = basis.T
         att.o_proj.weight[:D - C, :hd] = basis * (copy_gain * std)
+
+
+def circuit_parts(model: DreamModel, code_dims: int = 24) -> dict[str, torch.Tensor]:
+    """Parameter name -> boolean mask of the entries that make up the circuit.
+
+    Besides the heads' own weights this covers every writer into the code dims and ``P`` before
+    layer 1 reads them (layer 0's output projection and MLP rows there, zero from initialisation),
+    and the two input norms' weights on them, so nothing else can blur the match.
+    """
+    D, hd, C = _shape(model, code_dims)
+    params = dict(model.named_parameters())
+    parts = {name: torch.zeros_like(p, dtype=torch.bool) for name, p in params.items()}
+    code, P = slice(0, C), slice(D - C, D)
+    parts["model.embed_tokens.weight"][:, code] = True
+    parts["model.embed_tokens.weight"][:, P] = True
+    for layer, heads in ((0, slice(0, hd)), (1, slice(0, hd))):
+        pre = f"model.layers.{layer}."
+        for proj in ("q_proj", "k_proj"):
+            parts[pre + f"self_attn.{proj}.weight"][heads] = True
+            parts[pre + f"self_attn.{proj}.bias"][heads] = True
+        parts[pre + "input_layernorm.weight"][code] = True
+        parts[pre + "input_layernorm.weight"][P] = True
+    pre = "model.layers.0."
+    parts[pre + "self_attn.v_proj.weight"][code] = True
+    parts[pre + "self_attn.v_proj.bias"][code] = True
+    for name in ("self_attn.o_proj.weight", "mlp.down_proj.weight"):
+        parts[pre + name][code] = True
+        parts[pre + name][P] = True
+    pre = "model.layers.1."
+    parts[pre + "self_attn.v_proj.weight"][:hd] = True
+    parts[pre + "self_attn.v_proj.bias"][:hd] = True
+    parts[pre + "self_attn.o_proj.weight"][:, :hd] = True
+    return {name: mask for name, mask in parts.items() if mask.any()}
+
+
+def freeze_copy_circuit(model: DreamModel, code_dims: int = 24) -> list:
+    """Zero the gradient of the circuit's entries for the rest of training; returns the hook handles.
+
+    Why: run c1 (session 5) trained the built circuit for 1500 steps and lost it. The codes are
+    +-0.02 embedding entries and Adam moves every entry by ~lr (2e-3) a step, so within ~100 steps
+    the codes the layer-1 query reads had drifted from those layer 0 wrote, and the head's weight on
+    the copy source fell from 1.0 to 0.03. With zero gradients Adam leaves those entries alone
+    (AdamW's decay shrinks them by ~3% over a run); the rest of the model learns to use them.
+    """
+    params = dict(model.named_parameters())
+    return [params[name].register_hook(lambda g, keep=~mask: g * keep)
+            for name, mask in circuit_parts(model, code_dims).items()]

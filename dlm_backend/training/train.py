@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 from dlm_backend.engine.models.dream import DreamModel
 from dlm_backend.engine.tokenizer import Tokenizer as ChatTokenizer
 from dlm_backend.training import corpus
-from dlm_backend.training.circuits import build_copy_circuit
+from dlm_backend.training.circuits import build_copy_circuit, freeze_copy_circuit
 from dlm_backend.training.objective import PackedBatches, diffusion_loss
 from dlm_backend.training.template import CHAT_TEMPLATE, EOS, MASK, SPECIAL_TOKENS, TOOL_TOKENS
 
@@ -61,7 +61,8 @@ class TrainConfig:
     save_every: int = 250
     init_from: str = ""            # a finished dlm-tiny folder to continue from (its tokenizer too)
     # Start layers 0-1 with a built induction circuit (circuits.py says why): on the induction task
-    # copy loss falls 8.3 -> 1.0 in 100 steps with it and stays at chance for 800 without.
+    # copy loss falls 8.3 -> 1.0 in 100 steps with it and stays at chance for 800 without. It stays
+    # frozen; a stage started with --init-from must use the first stage's setting.
     copy_circuit: bool = True
     copy_gain: float = 16.0
 
@@ -179,6 +180,8 @@ def train(cfg: TrainConfig, stop_at: int | None = None) -> Path:
     if cfg.init_from:
         model.load_state_dict(load_file(str(Path(cfg.init_from) / "model.safetensors")))
     model.setup("cpu")
+    if cfg.copy_circuit:          # a second stage keeps the first stage's circuit as it is
+        freeze_copy_circuit(model)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.98), weight_decay=cfg.weight_decay)
     state_path, log_path = out / "train_state.pt", out / "loss.csv"
     step, gen = 0, torch.Generator().manual_seed(cfg.seed)
