@@ -63,13 +63,20 @@ def _shape(model: DreamModel, code_dims: int) -> tuple[int, int, int]:
 
 
 def build_copy_circuit(model: DreamModel, theta: float, seed: int, code_dims: int = 24,
-                       match: float = 30.0, copy_gain: float = 16.0) -> None:
+                       match: float = 30.0, copy_gain: float = 3.0, code_scale: float = 0.5) -> None:
     """Write the induction circuit described in the module docstring into ``model`` (in place).
 
     ``code_dims`` is capped by the shapes (the code and ``P`` must not overlap, and the copy head
     needs ``head_dim`` free residual dims). ``match`` is the attention logit of a key whose neighbour
-    code equals the query's own code; ``copy_gain`` scales the copied token relative to the
-    embedding scale (16: on a 4096-token vocabulary the induction loss starts at 5.9, not 8.3).
+    code equals the query's own code; ``copy_gain`` is the copied token's size in the stream
+    relative to the position's own token, which the tied unembedding would otherwise repeat.
+
+    ``code_scale`` is the size of a code entry (and of a ``P`` entry), 25x the embeddings' 0.02:
+    RMSNorm divides the whole stream by its rms, so codes at embedding scale shrink as the rest of
+    the stream grows in training. In run c2 (session 5) the other embedding entries grew from 0.02
+    to 0.05 in 250 steps, the normed codes fell to 0.3 and 0.14 of their design and the match logit
+    from 30 to ~1.3: the frozen head no longer found anything. Codes that dominate the rms barely
+    move with it (the match logit falls ~1.6x if the rest grows 10x).
     """
     D, hd, C = _shape(model, code_dims)
     gen = torch.Generator().manual_seed(seed + 7919)
@@ -85,8 +92,11 @@ def build_copy_circuit(model: DreamModel, theta: float, seed: int, code_dims: in
         for layer in model.model.layers:
             layer.self_attn.o_proj.weight.zero_()
             layer.mlp.down_proj.weight.zero_()
-        emb[:, :C] = torch.randint(0, 2, (emb.shape[0], C), generator=gen).float().mul_(2).sub_(1) * std
+        emb[:, :C] = torch.randint(0, 2, (emb.shape[0], C), generator=gen).float().mul_(2).sub_(1) * code_scale
         emb[:, P] = 0
+        rest = (D - 2 * C) * std ** 2
+        rms0 = math.sqrt((C * code_scale ** 2 + rest) / D)          # of an embedding: layer 0's norm
+        rms1 = math.sqrt((2 * C * code_scale ** 2 + rest) / D)      # of layer 1's input: code + P
 
         # Layer 0: kv head 0 is positional; query head 0 looks back, 1 forward; values are codes.
         att = layer0.self_attn
@@ -98,11 +108,11 @@ def build_copy_circuit(model: DreamModel, theta: float, seed: int, code_dims: in
         att.v_proj.weight[:hd] = 0
         att.v_proj.bias[:hd] = 0
         att.v_proj.weight[:C, :C] = torch.eye(C)
-        att.o_proj.weight[P, :C] = torch.eye(C) * std        # the neighbour's code, at embedding scale
+        att.o_proj.weight[P, :C] = torch.eye(C) * rms0       # the neighbour's code, +-code_scale
 
         # Layer 1, query head 0: own code against the neighbour code in P; copy the token.
         att = layer1.self_attn
-        beta = math.sqrt(match * math.sqrt(hd) / C)
+        beta = math.sqrt(match * math.sqrt(hd) / C) * rms1 / code_scale      # normed codes are code_scale/rms1
         att.q_proj.weight[:hd] = 0
         att.q_proj.bias[:hd] = 0
         att.k_proj.weight[:hd] = 0
@@ -110,11 +120,13 @@ def build_copy_circuit(model: DreamModel, theta: float, seed: int, code_dims: in
         for i, d in enumerate(slow):
             att.q_proj.weight[d, i] = beta
             att.k_proj.weight[d, D - C + i] = beta
-        basis = torch.linalg.qr(torch.randn(D - C, hd, generator=gen))[0]     # [D - C, hd], orthonormal
-        att.v_proj.weight[:hd] = 0
+        # Read and write back the code and hd - C random directions of the rest of the token.
+        read = torch.zeros(hd, D)                                               # [hd, D], orthonormal rows
+        read[:C, :C] = torch.eye(C)
+        read[C:, C:D - C] = torch.linalg.qr(torch.randn(D - 2 * C, hd - C, generator=gen))[0].T
+        att.v_proj.weight[:hd] = read
         att.v_proj.bias[:hd] = 0
-        att.v_proj.weight[:hd, :D - C] = basis.T
-        att.o_proj.weight[:D - C, :hd] = basis * (copy_gain * std)
+        att.o_proj.weight[:, :hd] = read.T * (copy_gain * rms1)          # the copied token, copy_gain x its own
 
 
 def circuit_parts(model: DreamModel, code_dims: int = 24) -> dict[str, torch.Tensor]:

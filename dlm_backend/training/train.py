@@ -64,7 +64,7 @@ class TrainConfig:
     # copy loss falls 8.3 -> 1.0 in 100 steps with it and stays at chance for 800 without. It stays
     # frozen; a stage started with --init-from must use the first stage's setting.
     copy_circuit: bool = True
-    copy_gain: float = 16.0
+    copy_gain: float = 3.0
 
 
 def build_tokenizer(texts: list[str], vocab_size: int) -> Tokenizer:
