@@ -63,7 +63,7 @@ def _shape(model: DreamModel, code_dims: int) -> tuple[int, int, int]:
 
 
 def build_copy_circuit(model: DreamModel, theta: float, seed: int, code_dims: int = 24,
-                       match: float = 30.0, copy_gain: float = 3.0, code_scale: float = 0.5) -> None:
+                       match: float = 100.0, copy_gain: float = 3.0, code_scale: float = 0.5) -> None:
     """Write the induction circuit described in the module docstring into ``model`` (in place).
 
     ``code_dims`` is capped by the shapes (the code and ``P`` must not overlap, and the copy head
@@ -76,7 +76,10 @@ def build_copy_circuit(model: DreamModel, theta: float, seed: int, code_dims: in
     the stream grows in training. In run c2 (session 5) the other embedding entries grew from 0.02
     to 0.05 in 250 steps, the normed codes fell to 0.3 and 0.14 of their design and the match logit
     from 30 to ~1.3: the frozen head no longer found anything. Codes that dominate the rms barely
-    move with it (the match logit falls ~1.6x if the rest grows 10x).
+    move with it, but not enough: by step 250 of run c3 the layer-0 branches had grown the rest of
+    the stream so that the normed codes were at 0.6 of their design, the match logit at 0.35 of it
+    and the head's weight on the copy source at 0.35. Hence ``match`` 100, not 30: a true match
+    scores 100 against ~N(0, 20) for other keys, and stays ahead at a third of that.
     """
     D, hd, C = _shape(model, code_dims)
     gen = torch.Generator().manual_seed(seed + 7919)
