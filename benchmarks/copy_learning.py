@@ -109,8 +109,8 @@ def main() -> None:
     ap.add_argument("--alphabet", type=int, default=0, help="induction: token ids drawn (0: the vocabulary)")
     ap.add_argument("--positional", action="store_true", help="start layer 0 with neighbour heads")
     ap.add_argument("--circuit", action="store_true", help="start with the built copy circuit (training/circuits.py)")
-    ap.add_argument("--gain", type=float, default=4.0)
-    ap.add_argument("--match", type=float, default=30.0)
+    ap.add_argument("--gain", type=float, default=3.0)
+    ap.add_argument("--match", type=float, default=100.0)
     ap.add_argument("--layers", type=int, default=TrainConfig.num_layers)
     ap.add_argument("--lr", type=float, default=2e-3)
     args = ap.parse_args()
@@ -131,7 +131,7 @@ def main() -> None:
     if args.positional:
         positional_heads(model, config["rope_theta"])
     if args.circuit:
-        build_copy_circuit(model, config["rope_theta"], 0, match=args.match, copy_gain=args.gain)
+        build_copy_circuit(model, config["rope_theta"], 0, config["mask_token_id"], match=args.match, copy_gain=args.gain)
     model.setup("cpu")
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.98))
     start = time.time()

@@ -21,7 +21,7 @@ def _model(circuit: bool, **config) -> DreamModel:
     model = DreamModel.from_config({**CONFIG, **config})
     init_weights(model, 0)
     if circuit:
-        build_copy_circuit(model, CONFIG["rope_theta"], seed=0)
+        build_copy_circuit(model, CONFIG["rope_theta"], seed=0, mask_id=CONFIG["mask_token_id"])
     model.setup("cpu")
     return model
 
@@ -39,24 +39,35 @@ def _induction(seed: int, L: int = 160, n: int = 12) -> tuple[torch.Tensor, list
     return ids, targets
 
 
-def _copy_accuracy(model: DreamModel, bidirectional: bool) -> float:
-    """The share of copyable tokens the model predicts from the token before them."""
+def _copy_accuracy(model: DreamModel, bidirectional: bool, masked: bool = False) -> float:
+    """The share of copyable tokens the model predicts from the token before them.
+
+    ``masked``: every other copyable token is replaced by the mask and scored, as in diffusion
+    training (the token before each stays visible, which is what the copy keys on).
+    """
     ids, targets = _induction(seed=1)
     L = len(ids)
+    if masked:
+        targets = targets[1::2]
+        ids = ids.clone()
+        truth = ids[targets].clone()
+    if masked:
+        ids[targets] = CONFIG["mask_token_id"]
     attend = torch.ones(L, L, dtype=torch.bool)
     if not bidirectional:
         attend = attend.tril()
     with torch.no_grad(), attention_context(AttentionContext(rows=(1, L), attend=attend[None])):
         hidden = model(ids, torch.arange(L))                                        # [L, D]
         pred = model.compute_logits(hidden[torch.tensor(targets) - 1]).argmax(-1)   # shift 1: i-1 predicts i
-    return (pred == ids[targets]).float().mean().item()
+    return (pred == (truth if masked else ids[targets])).float().mean().item()
 
 
-@pytest.mark.parametrize("bidirectional", [False, True])
-def test_the_built_circuit_copies_before_any_training(bidirectional):
-    # Bidirectional is the diffusion case: every key is visible, including the span's source.
-    assert _copy_accuracy(_model(circuit=True), bidirectional) > 0.9
-    assert _copy_accuracy(_model(circuit=False), bidirectional) < 0.05
+@pytest.mark.parametrize("bidirectional,masked", [(False, False), (True, False), (True, True)])
+def test_the_built_circuit_copies_before_any_training(bidirectional, masked):
+    # Bidirectional and masked is the diffusion case: the copied token is masked where it is
+    # predicted, and the masked position after the query must not win the match.
+    assert _copy_accuracy(_model(circuit=True), bidirectional, masked) > 0.9
+    assert _copy_accuracy(_model(circuit=False), bidirectional, masked) < 0.05
 
 
 def test_layer_zero_head_zero_attends_to_the_previous_token():

@@ -6,19 +6,20 @@ position, a later head at position p finds the earlier position i whose left nei
 token and copies token i (Dream reads the prediction for p + 1 from position p). From random
 weights neither head helps until the other exists, and `benchmarks/copy_learning.py` measured the
 plateau: at chance for 600-1400 steps on 2 cores, longer than a CPU training run. Here both heads
-start built; training is free to change every weight.
+start built, and :func:`freeze_copy_circuit` keeps them as built while the rest trains around them.
 
 Layout (hidden size D, head size hd; C = ``code_dims``):
 - residual dims ``[0, C)`` of every embedding hold random signs: the token's *code*. RMSNorm makes
   them +-1, so codes of equal tokens score C and others score ~N(0, C).
-- residual dims ``[D - C, D)`` (``P``) are reserved: embeddings and layer 0's other writers start
-  at zero there, and layer 0's query head 0 writes its left neighbour's code into them.
+- residual dims ``[D - C, D)`` (``P``) are reserved: embeddings and layer 0's other writers are
+  zero there, and layer 0's query head 0 writes its left neighbour's code into them. Dim
+  ``D - C - 1`` is the mask flag: nonzero on the mask token's embedding only.
 - layer 0, kv head 0: keys are positions only (q/k biases under RoPE, as in
   :func:`neighbour_bias`); query head 0 attends to p - 1, query head 1 to p + 1. Values are codes.
 - layer 1, query head 0 (kv head 0): query = own code, key = ``P`` (the neighbour's code), both on
   the slowest rotary pairs so the match barely depends on distance (the fastest of them turns
-  ~0.3 rad over 100 tokens); the value is a 64-dim projection of the token, written back so the
-  tied unembedding scores the copied token.
+  ~0.3 rad over 100 tokens); keys on masked tokens are pushed down by the flag; the value is a
+  64-dim projection of the token, written back so the tied unembedding scores the copied token.
 """
 
 from __future__ import annotations
@@ -59,10 +60,10 @@ def _shape(model: DreamModel, code_dims: int) -> tuple[int, int, int]:
         raise DLMError(f"the copy circuit needs 2 layers, the model has {len(layers)}: "
                        "train with --num-layers 2 or more, or --no-copy-circuit")
     D, hd = model.model.embed_tokens.weight.shape[1], layers[0].self_attn.head_dim
-    return D, hd, min(code_dims, hd, D - hd, D // 2) // 2 * 2
+    return D, hd, min(code_dims, hd - 2, D - hd - 1) // 2 * 2      # room for the flag pair and dim
 
 
-def build_copy_circuit(model: DreamModel, theta: float, seed: int, code_dims: int = 24,
+def build_copy_circuit(model: DreamModel, theta: float, seed: int, mask_id: int, code_dims: int = 24,
                        match: float = 100.0, copy_gain: float = 3.0, code_scale: float = 0.5) -> None:
     """Write the induction circuit described in the module docstring into ``model`` (in place).
 
@@ -87,6 +88,7 @@ def build_copy_circuit(model: DreamModel, theta: float, seed: int, code_dims: in
     layer0, layer1 = model.model.layers[0], model.model.layers[1]
     std = float(emb.detach().std())
     P = slice(D - C, D)
+    F = D - C - 1                                            # the mask flag: code_scale on the mask token only
     slow = [*range(hd // 2 - C // 2, hd // 2), *range(hd - C // 2, hd)]     # head dims on the slowest pairs
     with torch.no_grad():
         # Every residual branch starts at zero (as modded-nanogpt does for its output projections),
@@ -97,7 +99,9 @@ def build_copy_circuit(model: DreamModel, theta: float, seed: int, code_dims: in
             layer.mlp.down_proj.weight.zero_()
         emb[:, :C] = torch.randint(0, 2, (emb.shape[0], C), generator=gen).float().mul_(2).sub_(1) * code_scale
         emb[:, P] = 0
-        rest = (D - 2 * C) * std ** 2
+        emb[:, F] = 0
+        emb[mask_id, F] = code_scale
+        rest = (D - 2 * C - 1) * std ** 2
         rms0 = math.sqrt((C * code_scale ** 2 + rest) / D)          # of an embedding: layer 0's norm
         rms1 = math.sqrt((2 * C * code_scale ** 2 + rest) / D)      # of layer 1's input: code + P
 
@@ -123,10 +127,18 @@ def build_copy_circuit(model: DreamModel, theta: float, seed: int, code_dims: in
         for i, d in enumerate(slow):
             att.q_proj.weight[d, i] = beta
             att.k_proj.weight[d, D - C + i] = beta
+        # Position p + 1 always matches (its neighbour is p's token), and in diffusion training it
+        # is usually masked: copying it copies the mask, and being nearest it out-scores the real
+        # source once RoPE has turned the match pairs a little. A key on a masked token loses
+        # 2 * match: a constant query bias against the mask flag, on the next-slowest pair.
+        flag = hd // 2 - C // 2 - 1
+        gamma = math.sqrt(2 * match * math.sqrt(hd) / (code_scale / rms1))
+        att.q_proj.bias[flag] = -gamma
+        att.k_proj.weight[flag, F] = gamma
         # Read and write back the code and hd - C random directions of the rest of the token.
         read = torch.zeros(hd, D)                                               # [hd, D], orthonormal rows
         read[:C, :C] = torch.eye(C)
-        read[C:, C:D - C] = torch.linalg.qr(torch.randn(D - 2 * C, hd - C, generator=gen))[0].T
+        read[C:, C:F] = torch.linalg.qr(torch.randn(F - C, hd - C, generator=gen))[0].T
         att.v_proj.weight[:hd] = read
         att.v_proj.bias[:hd] = 0
         att.o_proj.weight[:, :hd] = read.T * (copy_gain * rms1)          # the copied token, copy_gain x its own
@@ -142,7 +154,7 @@ def circuit_parts(model: DreamModel, code_dims: int = 24) -> dict[str, torch.Ten
     D, hd, C = _shape(model, code_dims)
     params = dict(model.named_parameters())
     parts = {name: torch.zeros_like(p, dtype=torch.bool) for name, p in params.items()}
-    code, P = slice(0, C), slice(D - C, D)
+    code, P = slice(0, C), slice(D - C - 1, D)              # P with the mask flag just before it
     parts["model.embed_tokens.weight"][:, code] = True
     parts["model.embed_tokens.weight"][:, P] = True
     for layer, heads in ((0, slice(0, hd)), (1, slice(0, hd))):

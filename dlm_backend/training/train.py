@@ -176,7 +176,7 @@ def train(cfg: TrainConfig, stop_at: int | None = None) -> Path:
     model = DreamModel.from_config(config)
     init_weights(model, cfg.seed)
     if cfg.copy_circuit and not cfg.init_from:
-        build_copy_circuit(model, config["rope_theta"], cfg.seed, copy_gain=cfg.copy_gain)
+        build_copy_circuit(model, config["rope_theta"], cfg.seed, config["mask_token_id"], copy_gain=cfg.copy_gain)
     if cfg.init_from:
         model.load_state_dict(load_file(str(Path(cfg.init_from) / "model.safetensors")))
     model.setup("cpu")
