@@ -65,6 +65,16 @@ class TrainConfig:
     # frozen; a stage started with --init-from must use the first stage's setting.
     copy_circuit: bool = True
     copy_gain: float = 3.0
+    # Bigram match dims (circuits.py): after a space or digit, which precede most prompt tokens, a
+    # one-token match copies any of them; matching the token before too took causal copy accuracy
+    # on space-separated text from 0.46 to 0.73 before training (tests/test_circuits.py).
+    # 0 (with --rope-theta 1e4) is the one-token circuit of runs c5-c8.
+    copy_prev_dims: int = 16
+    # The bigram half of the match sits on rotary pairs 11-18; at theta 1e4 they turn so fast that it
+    # helped only within ~100 tokens (copy accuracy 0.72 against 0.57 one-token) and hurt beyond
+    # (0.22-0.44 against 0.36-0.53). At 1e6 (Qwen2.5's value): 0.90 within 100, 0.81 at 100-200.
+    # A stage started with --init-from keeps its first stage's theta.
+    rope_theta: float = 1e6
 
 
 def build_tokenizer(texts: list[str], vocab_size: int) -> Tokenizer:
@@ -94,7 +104,7 @@ def model_config(cfg: TrainConfig, tok: Tokenizer) -> dict:
         "hidden_size": cfg.hidden_size, "intermediate_size": cfg.intermediate_size,
         "num_hidden_layers": cfg.num_layers, "num_attention_heads": cfg.num_heads,
         "num_key_value_heads": cfg.num_kv_heads, "vocab_size": tok.get_vocab_size(),
-        "max_position_embeddings": 2048, "rope_theta": 10000.0, "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 2048, "rope_theta": cfg.rope_theta, "rms_norm_eps": 1e-6,
         "tie_word_embeddings": True, "mask_token_id": tok.token_to_id(MASK), "eos_token_id": eos,
         "pad_token_id": eos, "bos_token_id": None, "torch_dtype": "float32", "use_cache": False,
     }
@@ -169,6 +179,8 @@ def train(cfg: TrainConfig, stop_at: int | None = None) -> Path:
         texts = [json.dumps(e.messages) + " " + json.dumps(e.tools or []) + " " + e.target for e in examples]
         tok = build_tokenizer(texts, cfg.vocab_size)
     config = model_config(cfg, tok)
+    if cfg.init_from:
+        config["rope_theta"] = json.loads((Path(cfg.init_from) / "config.json").read_text())["rope_theta"]
     write_checkpoint_files(model_dir, config, tok)
     chat = ChatTokenizer(model_dir)
     pairs = encode_examples(examples, chat, cfg.max_len)
@@ -176,12 +188,13 @@ def train(cfg: TrainConfig, stop_at: int | None = None) -> Path:
     model = DreamModel.from_config(config)
     init_weights(model, cfg.seed)
     if cfg.copy_circuit and not cfg.init_from:
-        build_copy_circuit(model, config["rope_theta"], cfg.seed, config["mask_token_id"], copy_gain=cfg.copy_gain)
+        build_copy_circuit(model, config["rope_theta"], cfg.seed, config["mask_token_id"],
+                           prev_dims=cfg.copy_prev_dims, copy_gain=cfg.copy_gain)
     if cfg.init_from:
         model.load_state_dict(load_file(str(Path(cfg.init_from) / "model.safetensors")))
     model.setup("cpu")
     if cfg.copy_circuit:          # a second stage keeps the first stage's circuit as it is
-        freeze_copy_circuit(model)
+        freeze_copy_circuit(model, prev_dims=cfg.copy_prev_dims)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.98), weight_decay=cfg.weight_decay)
     state_path, log_path = out / "train_state.pt", out / "loss.csv"
     step, gen = 0, torch.Generator().manual_seed(cfg.seed)
