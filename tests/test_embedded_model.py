@@ -36,8 +36,10 @@ def test_answers_held_out_chat_prompts():
     assert sum(scores) >= len(examples) // 2, [(e.target, o.text) for e, o in zip(examples, outputs)]
 
 
-@CANNOT_COPY
-@pytest.mark.parametrize("family", ["qa", "tool_call", "json", "tool_result"])
+# QA and tool calls pass since the bigram copy circuit (session 6); JSON values and tool-result
+# sentences are still right less than 3 times in 4.
+@pytest.mark.parametrize("family", ["qa", "tool_call", pytest.param("json", marks=CANNOT_COPY),
+                                    pytest.param("tool_result", marks=CANNOT_COPY)])
 def test_answers_held_out_prompts(family):
     llm = LLM()
     examples = [e for e in held_out(8) if e.family == family][:4]
@@ -52,7 +54,16 @@ WEATHER = [{"type": "function", "function": {
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
 
 
-@CANNOT_COPY
+@pytest.mark.parametrize("city", ["Kyoto", "Lisbon"])
+def test_tool_call_copies_an_unseen_city(city):
+    llm = LLM()
+    out = llm.chat([{"role": "user", "content": f"What's the weather in {city}?"}], GREEDY, tools=WEATHER)
+    _, calls, bad = parse_tool_calls(out.text)
+    assert calls == [{"name": "get_weather", "arguments": {"city": city}}] and not bad, out.text
+
+
+@pytest.mark.xfail(reason="model capability: threshold 0.9 writes the right call, then a stray '\"}}' after it in "
+                          "the same pass, which does not parse (llada one token per step is exact)", strict=False)
 def test_tool_call_with_fast_decoding():
     llm = LLM()
     out = llm.chat([{"role": "user", "content": "What's the weather in Kyoto?"}], FAST, tools=WEATHER)

@@ -2,9 +2,10 @@
 
 Each scenario runs once (module fixtures). One test per scenario asserts what the backend owes any
 model: the framework's loop completes, tool calls parse into the framework's own objects, streams
-and usage arrive, retrieval finds the passage. A second, ``xfail`` test asserts the right answer,
-which needs the model to copy an unseen name or number from its prompt; the shipped dlm-tiny cannot
-yet (issue 3, docs/dlm-tiny/findings.md) and these report XPASS the day a model can.
+and usage arrive, retrieval finds the passage. A second test asserts the right answer, which needs
+the model to copy an unseen name or number from its prompt. dlm-tiny does since session 6 for the
+LlamaIndex RAG and function-agent scenarios; the others stay ``xfail`` (issue 3,
+docs/dlm-tiny/findings.md) and report XPASS the day the model gets them right.
 """
 
 import importlib
@@ -56,7 +57,6 @@ def test_llamaindex_rag_pipeline_runs(rag):
         assert expected in retriever.retrieve(question)[0].node.get_content()
 
 
-@CANNOT_COPY
 def test_llamaindex_rag_answers_from_the_documents(rag):
     module, answers = rag
     assert all(expected.lower() in answers[q].lower() for q, expected in module.QUESTIONS.items()), answers
@@ -76,7 +76,6 @@ def test_llamaindex_function_agent_calls_the_tool(function_agent):
     assert isinstance(answer, str) and answer
 
 
-@CANNOT_COPY
 def test_llamaindex_function_agent_answers_with_the_result(function_agent):
     calls, answer = function_agent
     assert calls[0][1] == {"city": "Brambleton"} and "73500" in answer
