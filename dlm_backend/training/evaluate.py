@@ -36,6 +36,7 @@ def default_configs(max_tokens: int = 64, block_length: int = 32) -> list[EvalCo
         EvalConfig("threshold 0.9, none", base.replace(sampler="threshold", threshold=0.9, cache="none")),
         EvalConfig("threshold 0.9, prefix", base.replace(sampler="threshold", threshold=0.9, cache="prefix")),
         EvalConfig("threshold 0.9, dual", base.replace(sampler="threshold", threshold=0.9, cache="dual")),
+        EvalConfig("threshold 0.95, dual", base.replace(sampler="threshold", threshold=0.95, cache="dual")),
         EvalConfig("threshold 0.7, dual", base.replace(sampler="threshold", threshold=0.7, cache="dual")),
         EvalConfig("factor 1.0, dual", base.replace(sampler="factor", factor=1.0, cache="dual")),
         EvalConfig("entropy_bounded 0.1, dual", base.replace(sampler="entropy_bounded", gamma=0.1, cache="dual")),
