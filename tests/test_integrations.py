@@ -4,7 +4,7 @@ Each scenario runs once (module fixtures). One test per scenario asserts what th
 model: the framework's loop completes, tool calls parse into the framework's own objects, streams
 and usage arrive, retrieval finds the passage. A second test asserts the right answer, which needs
 the model to copy an unseen name or number from its prompt. dlm-tiny does since session 6 for the
-LlamaIndex RAG and function-agent scenarios; the others stay ``xfail`` (issue 3,
+LlamaIndex RAG, LlamaIndex function-agent and LangChain agent scenarios; the others stay ``xfail`` (issue 3,
 docs/dlm-tiny/findings.md) and report XPASS the day the model gets them right.
 """
 
@@ -96,7 +96,6 @@ def test_langchain_agent_loop_completes(langchain_state):
     assert sum(m.type == "tool" for m in messages) == sum(len(getattr(m, "tool_calls", [])) for m in messages)
 
 
-@CANNOT_COPY
 def test_langchain_agent_answers_with_the_tool_result(langchain_state):
     messages = langchain_state["messages"]
     assert [m.type for m in messages[:3]] == ["human", "ai", "tool"]

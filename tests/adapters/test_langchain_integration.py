@@ -34,14 +34,19 @@ def xfail(test, reason: str):
 class TestChatDLMIntegration(ChatDLMSuite, ChatModelIntegrationTests):
     @property
     def chat_model_params(self):
-        return {"block_length": 32, "sampler": "threshold", "threshold": 0.9, "kv_cache": "dual"}
+        # 0.95: within 1 point of one token per step on the held-out set at 4x fewer passes; at 0.9
+        # dlm-tiny sometimes answers nothing (docs/dlm-tiny/findings.md).
+        return {"block_length": 32, "sampler": "threshold", "threshold": 0.95, "kv_cache": "dual"}
 
     test_tool_calling = xfail(ChatModelIntegrationTests.test_tool_calling, COPY)
     test_tool_calling_async = xfail(ChatModelIntegrationTests.test_tool_calling_async, COPY)
-    test_unicode_tool_call_integration = xfail(ChatModelIntegrationTests.test_unicode_tool_call_integration, COPY)
+    test_unicode_tool_call_integration = xfail(
+        ChatModelIntegrationTests.test_unicode_tool_call_integration,
+        "model capability: dlm-tiny's corpus is ASCII, so it has never written the byte pieces of '你好' and "
+        "fills the argument with an ASCII word instead")
     test_agent_loop = xfail(ChatModelIntegrationTests.test_agent_loop,
-                            "model capability: with tool_choice auto and threshold decoding dlm-tiny's tool "
-                            "calls do not pass the suite's checks (80% of held-out calls are exact with llada)")
+                            "model capability: dlm-tiny learned get_weather(city) from its tool catalog and "
+                            "writes 'city' for the suite's get_weather(location), which fails the tool's validation")
     test_json_mode = xfail(ChatModelIntegrationTests.test_json_mode,
                            "model capability: json_mode has no schema to template, and dlm-tiny's free-form "
-                           "JSON does not parse")
+                           "JSON lacks the Joke fields (setup, punchline)")
