@@ -135,6 +135,26 @@ def test_litellm_proxy_config_resolves_the_handler():
 
 
 @pytest.fixture(scope="module")
+def proxy_out():
+    pytest.importorskip("backoff", reason="the LiteLLM proxy's dependencies: pip install -e '.[litellm-proxy]'")
+    return load("litellm_proxy").main()
+
+
+def test_litellm_proxy_serves_the_provider(proxy_out):
+    assert proxy_out["models"] == ["dlm-tiny"]
+    answer = proxy_out["answer"]
+    assert "dlm-tiny" in answer.choices[0].message.content and answer.usage.completion_tokens > 0
+    assert proxy_out["streamed"].strip()
+    assert_calls_parse(proxy_out["tool_call"])
+
+
+@CANNOT_COPY
+def test_litellm_proxy_answers_are_right(proxy_out):
+    assert proxy_out["streamed"].strip() == "42"
+    assert_called(proxy_out["tool_call"], "get_time", '"Oslo"')
+
+
+@pytest.fixture(scope="module")
 def openai_out():
     return load("openai_client").main()
 
