@@ -15,7 +15,7 @@ from dlm_backend.training.objective import PackedBatches
 from dlm_backend.training.train import (TrainConfig, build_tokenizer, encode_examples, model_config, train,
                                         write_checkpoint_files)
 
-TINY = TrainConfig(num_examples=300, vocab_size=512, hidden_size=32, num_layers=2, num_heads=2,
+TINY = TrainConfig(num_examples=300, vocab_size=512, hidden_size=32, num_layers=3, num_heads=2, pointer_layer=2,
                    num_kv_heads=1, intermediate_size=64, rows=4, steps=4, warmup=2, save_every=2)
 
 

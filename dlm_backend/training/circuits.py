@@ -243,6 +243,10 @@ def freeze_copy_circuit(model: DreamModel, code_dims: int = 24, prev_dims: int =
     the copy source fell from 1.0 to 0.03. With zero gradients Adam leaves those entries alone
     (AdamW's decay shrinks them by ~3% over a run); the rest of the model learns to use them.
     """
+    return freeze_parts(model, circuit_parts(model, code_dims, prev_dims))
+
+
+def freeze_parts(model: torch.nn.Module, parts: dict[str, torch.Tensor]) -> list:
+    """Zero the gradient of the masked entries of each named parameter; returns the hook handles."""
     params = dict(model.named_parameters())
-    return [params[name].register_hook(lambda g, keep=~mask: g * keep)
-            for name, mask in circuit_parts(model, code_dims, prev_dims).items()]
+    return [params[name].register_hook(lambda g, keep=~mask: g * keep) for name, mask in parts.items()]

@@ -25,7 +25,8 @@ from tqdm.auto import tqdm
 from dlm_backend.engine.models.dream import DreamModel
 from dlm_backend.engine.tokenizer import Tokenizer as ChatTokenizer
 from dlm_backend.training import corpus
-from dlm_backend.training.circuits import build_copy_circuit, freeze_copy_circuit
+from dlm_backend.training.circuits import build_copy_circuit, freeze_copy_circuit, freeze_parts
+from dlm_backend.training.pointer import build_pointer_head, pointer_parts
 from dlm_backend.training.objective import PackedBatches, diffusion_loss
 from dlm_backend.training.template import CHAT_TEMPLATE, EOS, MASK, SPECIAL_TOKENS, TOOL_TOKENS
 
@@ -75,6 +76,10 @@ class TrainConfig:
     # (0.22-0.44 against 0.36-0.53). At 1e6 (Qwen2.5's value): 0.90 within 100, 0.81 at 100-200.
     # A stage started with --init-from keeps its first stage's theta.
     rope_theta: float = 1e6
+    # A deep head that copies a token from where it learns to look (pointer.py says why: the first
+    # piece of a JSON value or tool argument follows '"', which the bigram copy cannot match).
+    # 0: none (runs up to b2). Needs the copy circuit; --init-from stages must pass their first value.
+    pointer_layer: int = 4
 
 
 def build_tokenizer(texts: list[str], vocab_size: int) -> Tokenizer:
@@ -193,8 +198,13 @@ def train(cfg: TrainConfig, stop_at: int | None = None) -> Path:
     if cfg.init_from:
         model.load_state_dict(load_file(str(Path(cfg.init_from) / "model.safetensors")))
     model.setup("cpu")
+    if cfg.copy_circuit and cfg.pointer_layer and not cfg.init_from:    # sized on a forward pass: after setup
+        build_pointer_head(model, cfg.pointer_layer, prev_dims=cfg.copy_prev_dims, copy_gain=cfg.copy_gain,
+                           seed=cfg.seed)
     if cfg.copy_circuit:          # a second stage keeps the first stage's circuit as it is
         freeze_copy_circuit(model, prev_dims=cfg.copy_prev_dims)
+        if cfg.pointer_layer:
+            freeze_parts(model, pointer_parts(model, cfg.pointer_layer, prev_dims=cfg.copy_prev_dims))
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.98), weight_decay=cfg.weight_decay)
     state_path, log_path = out / "train_state.pt", out / "loss.csv"
     step, gen = 0, torch.Generator().manual_seed(cfg.seed)
