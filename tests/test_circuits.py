@@ -138,22 +138,33 @@ def test_too_small_a_model_is_a_clear_error():
         _model(circuit=True, num_hidden_layers=1)
 
 
-def test_training_leaves_the_frozen_circuit_as_built():
-    model = _model(circuit=True)
-    freeze_copy_circuit(model)
-    parts = circuit_parts(model)
+def train_a_few_steps(model, parts: dict, losses) -> tuple[dict, dict]:
+    """AdamW at dlm train's peak rate, one step per loss closure; asserts the ``parts`` did not move.
+    Returns the parameters (before, after)."""
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    opt = torch.optim.AdamW(model.parameters(), lr=2e-3, weight_decay=0.0)     # dlm train's peak
-    for seed in range(2, 5):
-        ids, _ = _induction(seed)
-        L = len(ids)
-        with attention_context(AttentionContext(rows=(1, L), attend=torch.ones(1, L, L, dtype=torch.bool))):
-            loss = torch.nn.functional.cross_entropy(model.compute_logits(model(ids, torch.arange(L))[:-1]), ids[1:])
+    opt = torch.optim.AdamW(model.parameters(), lr=2e-3, weight_decay=0.0)
+    for loss_of in losses:
+        loss = loss_of()
         opt.zero_grad()
         loss.backward()
         opt.step()
     after = dict(model.named_parameters())
     for name, mask in parts.items():
         assert torch.equal(after[name][mask], before[name][mask]), name
+    return before, after
+
+
+def _induction_loss(model, seed: int) -> torch.Tensor:
+    ids, _ = _induction(seed)
+    L = len(ids)
+    with attention_context(AttentionContext(rows=(1, L), attend=torch.ones(1, L, L, dtype=torch.bool))):
+        return torch.nn.functional.cross_entropy(model.compute_logits(model(ids, torch.arange(L))[:-1]), ids[1:])
+
+
+def test_training_leaves_the_frozen_circuit_as_built():
+    model = _model(circuit=True)
+    freeze_copy_circuit(model)
+    before, after = train_a_few_steps(model, circuit_parts(model),
+                                      [lambda s=s: _induction_loss(model, s) for s in range(2, 5)])
     assert not torch.equal(after["model.embed_tokens.weight"], before["model.embed_tokens.weight"])
     assert _copy_accuracy(model, bidirectional=True) > 0.7       # 1.0 before; the free weights moved too
