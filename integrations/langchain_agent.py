@@ -19,9 +19,10 @@ def get_stock_price(symbol: str) -> str:
 
 
 def main(question: str = "What's the weather in Lisbon?") -> dict:
-    # 0.95, not 0.9: at 0.9 dlm-tiny fills this canvas with end-of-text in its first passes and
-    # answers nothing; 0.95 writes the call (held-out: within 1 point of one token per step, 4x fewer passes).
-    model = ChatDLM(max_tokens=64, block_length=32, sampler="threshold", threshold=0.95)
+    # Entropy-bounded parallel decoding (2.5 tokens a pass on the held-out set). With the session-7
+    # model threshold 0.95 wrote get_weather(city=" isbon"), the first piece lost to a parallel
+    # commit, and 0.9 answered nothing; entropy_bounded 0.1 and llada write Lisbon and Kyoto.
+    model = ChatDLM(max_tokens=64, block_length=32, sampler="entropy_bounded", gamma=0.1)
     agent = create_agent(model, tools=[get_weather, get_stock_price])
     state = agent.invoke({"messages": [{"role": "user", "content": question}]})
     for message in state["messages"]:
