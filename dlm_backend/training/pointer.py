@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import torch
 
+from dlm_backend.engine.layers import AttentionContext, attention_context
 from dlm_backend.engine.models.dream import DreamModel
 from dlm_backend.errors import DLMError
 from dlm_backend.training.circuits import Layout
@@ -43,16 +44,13 @@ def _heads(model: DreamModel, layer: int) -> tuple[int, int]:
 
 def _normed_source_size(model: DreamModel, layer: int, P: slice, seed: int) -> float:
     """rms of ``P`` in layer ``layer``'s normed input on random tokens: what the head's value reads."""
-    from dlm_backend.engine.layers import AttentionContext, attention_context
-
     block, seen = model.model.layers[layer], {}
     hook = block.input_layernorm.register_forward_hook(lambda mod, args, out: seen.setdefault("a", out))
     ids = torch.randint(0, model.model.embed_tokens.weight.shape[0], (64,), generator=torch.Generator().manual_seed(seed))
     with torch.no_grad(), attention_context(AttentionContext(rows=(1, 64), attend=torch.ones(1, 64, 64, dtype=torch.bool))):
         model(ids, torch.arange(64))
     hook.remove()
-    normed = seen["a"][0] if isinstance(seen["a"], tuple) else seen["a"]      # add_forward: (normed, stream)
-    return float(normed[:, P].pow(2).mean().sqrt())
+    return float(seen["a"][:, P].pow(2).mean().sqrt())        # [64, D]: the unfused norm's output (CPU)
 
 
 def build_pointer_head(model: DreamModel, layer: int, code_dims: int = 24, prev_dims: int = 16,
