@@ -1,8 +1,9 @@
 """langchain-tests' standard integration suite for ChatDLM, run against the embedded dlm-tiny.
 
-The xfails are the model's, not the adapter's: each needs dlm-tiny to copy a value from its prompt
-or to write free-form JSON, which it cannot yet (docs/dlm-tiny/findings.md). Structure the adapter
-controls (forced tool calls, json_schema output) passes.
+The xfails are the model's, not the adapter's: each needs dlm-tiny to use a tool outside its
+training catalog (magic_function, get_weather(location)), to write non-ASCII, or to write free-form
+JSON with fields it was never shown (docs/dlm-tiny/findings.md). Structure the adapter controls
+(forced tool calls, json_schema output) passes.
 """
 
 import functools
