@@ -93,6 +93,9 @@ class ChatResult:
     finish_reason: str                      # stop | length | tool_calls | abort
     output: GenerationOutput
     parsed: object = None                   # the decoded JSON for response_format requests
+    # Calls the model wrote but that do not parse: {name (or None), arguments (raw text), error, text}.
+    # Their text is also left in ``content`` (see tool_calls.parse_tool_calls).
+    invalid_tool_calls: list[dict] = field(default_factory=list)
 
     @property
     def usage(self) -> dict:
@@ -166,14 +169,14 @@ class Prepared:
             return ChatResult(content, [], output.finish_reason, output, parsed)
         if self.call_plan is not None:       # the skeleton holds the call; read the argument slots
             args = self.call_plan.parse(self.llm.tokenizer, output.token_ids, text)[0] if self.call_plan.slots else {}
-            content, calls = "", [{"name": self.forced, "arguments": args}]
+            content, calls, bad = "", [{"name": self.forced, "arguments": args}], []
         else:
-            content, calls, _ = parse_tool_calls(text) if self.tools else (text, [], [])
+            content, calls, bad = parse_tool_calls(text) if self.tools else (text, [], [])
         tool_calls = [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
                        "function": {"name": c["name"], "arguments": json.dumps(c["arguments"], ensure_ascii=False)}}
                       for c in calls]
         reason = "tool_calls" if tool_calls else output.finish_reason
-        return ChatResult(content, tool_calls, reason, output)
+        return ChatResult(content, tool_calls, reason, output, invalid_tool_calls=bad)
 
 
 def complete(llm, request: ChatRequest) -> ChatResult:
@@ -228,6 +231,8 @@ class _Splitter:
         # Structured output is sent whole: the raw canvas around the value slots is not the answer
         # (a slot may hold text past its closing quote), the JSON read back from the slots is.
         events = [ChatDelta(content=result.content)] if self.prep.json_plan is not None else []
+        # A malformed call was held back like any call; it is content after all (as in complete()).
+        events += [ChatDelta(content=bad["text"]) for bad in result.invalid_tool_calls]
         events += [ChatDelta(tool_call=call, index=i) for i, call in enumerate(result.tool_calls)]
         return events + [ChatDelta(result=result)]
 

@@ -13,25 +13,57 @@ NAME_HEAD = OPEN + "\n" + '{"name": "'
 NAME_SLOTS = 12                 # room for a tool name in the name pass of tool_choice "any"
 
 
-def parse_tool_calls(text: str) -> tuple[str, list[dict], list[str]]:
-    """Split model output into (content, tool calls, malformed call texts).
+_NAME = re.compile(r'"name"\s*:\s*"([^"]*)"')
+_DECODER = json.JSONDecoder()
+# What parallel decoding leaves after a complete call when two passes both wrote its closing
+# braces (dlm-tiny at threshold 0.95 / entropy_bounded: '{"city": "Lisbon"}}"}}').
+_CLOSERS = set('"}] \n')
+
+
+def _read_call(raw: str, repair: bool) -> dict:
+    try:
+        obj = json.loads(raw)
+    except ValueError:
+        if not repair:
+            raise
+        obj, end = _DECODER.raw_decode(raw)
+        if not set(raw[end:]) <= _CLOSERS:
+            raise
+    args = obj.get("arguments", {}) if isinstance(obj, dict) else None
+    if isinstance(args, str):
+        args = json.loads(args)
+    if not isinstance(obj.get("name"), str) or not isinstance(args, dict):
+        raise ValueError("name must be a string and arguments an object")
+    return {"name": obj["name"], "arguments": args}
+
+
+def parse_tool_calls(text: str, repair: bool = True) -> tuple[str, list[dict], list[dict]]:
+    """Split model output into (content, tool calls, malformed calls).
 
     A call is ``<tool_call>{"name": str, "arguments": {...}}</tool_call>`` (Hermes / Qwen2.5 format);
-    ``arguments`` may also be a JSON string. Content is the text outside the tags.
+    ``arguments`` may also be a JSON string. With ``repair``, a complete call followed only by
+    stray closing quotes and braces is read as that call (the evaluation scores without repair).
+
+    Content is the text outside the well-formed calls: a malformed call stays in it verbatim, as
+    vLLM's Hermes parser does, so a client that has no channel for invalid calls still sees what
+    the model wrote. Each malformed call is also returned as ``{"name", "arguments", "error"}``
+    (``name`` None when unreadable, ``arguments`` the raw text) for frameworks that have one
+    (LangChain's ``invalid_tool_calls``).
     """
     calls, bad = [], []
-    for raw in _TOOL_CALL.findall(text):
+
+    def take(match: re.Match) -> str:
+        raw = match.group(1)
         try:
-            obj = json.loads(raw)
-            args = obj.get("arguments", {})
-            if isinstance(args, str):
-                args = json.loads(args)
-            if not isinstance(obj.get("name"), str) or not isinstance(args, dict):
-                raise ValueError("name must be a string and arguments an object")
-            calls.append({"name": obj["name"], "arguments": args})
-        except (ValueError, AttributeError):
-            bad.append(raw)
-    content = _TOOL_CALL.sub("", text).strip()
+            calls.append(_read_call(raw, repair))
+            return ""
+        except (ValueError, AttributeError) as exc:
+            name = _NAME.search(raw)
+            bad.append({"name": name.group(1) if name else None, "arguments": raw,
+                        "error": f"malformed tool call: {exc}", "text": match.group(0)})
+            return match.group(0)
+
+    content = _TOOL_CALL.sub(take, text).strip()
     return content, calls, bad
 
 

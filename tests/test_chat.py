@@ -23,6 +23,29 @@ def test_malformed_calls_are_reported_not_raised():
     assert calls == [] and len(bad) == 1
 
 
+def test_stray_closers_after_a_complete_call_are_repaired_unless_scoring():
+    """Two parallel passes both wrote the closing braces (dlm-tiny, entropy_bounded, Lisbon)."""
+    text = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Lisbon"}}"}}\n</tool_call>'
+    assert parse_tool_calls(text) == ("", [{"name": "get_weather", "arguments": {"city": "Lisbon"}}], [])
+    content, calls, bad = parse_tool_calls(text, repair=False)
+    assert calls == [] and bad[0]["name"] == "get_weather" and content == text
+
+
+def test_words_after_a_call_are_not_repaired_away():
+    text = '<tool_call>{"name": "a", "arguments": {}} and also b</tool_call>'
+    content, calls, bad = parse_tool_calls(text)
+    assert calls == [] and bad[0]["arguments"] == '{"name": "a", "arguments": {}} and also b'
+
+
+def test_a_malformed_call_stays_in_the_content_and_is_reported():
+    text = 'Checking. <tool_call>{"name": "get_weather", "arguments": {"city": </tool_call>'
+    content, calls, bad = parse_tool_calls(text)
+    assert content == text and calls == []
+    assert bad == [{"name": "get_weather", "arguments": '{"name": "get_weather", "arguments": {"city":',
+                    "error": bad[0]["error"], "text": text[len("Checking. "):]}]
+    assert bad[0]["error"].startswith("malformed tool call")
+
+
 def test_unterminated_call_still_parses():
     _, calls, _ = parse_tool_calls('<tool_call>{"name": "a", "arguments": {"q": "z"}}')
     assert calls == [{"name": "a", "arguments": {"q": "z"}}]
@@ -176,6 +199,21 @@ def test_stream_splits_content_and_tool_calls(dream_chat):
     deltas = list(stream(llm, ChatRequest([{"role": "user", "content": "hi"}], params)))
     assert deltas[-1].result is not None
     assert "".join(d.content for d in deltas) == deltas[-1].result.content
+
+
+def test_a_malformed_call_reaches_the_result_and_the_stream_as_content(dream_chat):
+    from dlm_backend.engine.outputs import GenerationOutput
+
+    llm = LLM(str(dream_chat))
+    prep = Prepared(llm, ChatRequest([{"role": "user", "content": "hi"}], SamplingParams(max_tokens=16), tools=[WEATHER]))
+    text = 'Sure. <tool_call>{"name": "get_weather", "arguments": {oops}</tool_call>'
+    result = prep.finish(GenerationOutput("r", [1], [2, 3], text, "stop", 2))
+    assert result.content == text and result.tool_calls == [] and result.finish_reason == "stop"
+    assert result.invalid_tool_calls[0]["name"] == "get_weather"
+    splitter = _Splitter(prep)
+    events = splitter.feed(text) + splitter.close(result)
+    assert "".join(e.content for e in events) == text
+    assert not any(e.tool_call for e in events)
 
 
 def test_optional_properties_are_templated_as_their_type(dream_chat):

@@ -3,17 +3,19 @@
 import json
 from dataclasses import replace
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
 from dlm_backend import LLM, SamplingParams
+from dlm_backend.errors import DLMError
 from dlm_backend.training import corpus
 from dlm_backend.training.entities import Entities
 from dlm_backend.training.evaluate import default_configs, evaluate, held_out, score
 from dlm_backend.engine.tokenizer import Tokenizer as ChatTokenizer
 from dlm_backend.training.objective import PackedBatches
-from dlm_backend.training.train import (TrainConfig, build_tokenizer, encode_examples, model_config, train,
-                                        write_checkpoint_files)
+from dlm_backend.training.train import (TrainConfig, build_tokenizer, encode_examples, model_config, parse_weights,
+                                        train, write_checkpoint_files)
 
 TINY = TrainConfig(num_examples=300, vocab_size=512, hidden_size=32, num_layers=3, num_heads=2, pointer_layer=2,
                    num_kv_heads=1, intermediate_size=64, rows=4, steps=4, warmup=2, save_every=2)
@@ -49,6 +51,38 @@ def test_score_rejects_wrong_answers():
     assert score(ex, "<tool_call>{oops</tool_call>") == {"valid": False, "exact": False}
     js = corpus.generate(1, seed=0, families=["json"])[0]
     assert score(js, "{not json") == {"valid": False, "exact": False}
+
+
+def test_a_chat_turn_with_tools_on_offer_accepts_every_reply_of_its_group():
+    ex = next(e for e in corpus.generate(200, seed=3, families=["tool_call"]) if e.expected.get("no_call"))
+    others = next(answers for _, answers in corpus.CHAT if ex.target in answers)
+    for reply in others:
+        assert score(ex, reply) == {"valid": True, "exact": True}
+    assert score(ex, "Paris.")["exact"] is False
+    assert score(ex, '<tool_call>{"name": "get_time", "arguments": {}}</tool_call>')["valid"] is False
+
+
+def test_a_training_mix_over_samples_a_family_and_unanswerable_questions():
+    base = corpus.generate(2000, seed=4)
+    mixed = corpus.generate(2000, seed=4, weights={"qa": 0.5}, unanswerable=0.5)
+    share = lambda exs: sum(e.family == "qa" for e in exs) / len(exs)        # noqa: E731
+    refusals = lambda exs: sum(e.target == corpus.NOT_IN_CONTEXT for e in exs if e.family == "qa")  # noqa: E731
+    assert share(mixed) > share(base) + 0.15
+    assert refusals(mixed) / sum(e.family == "qa" for e in mixed) > 0.4
+    assert refusals(base) / sum(e.family == "qa" for e in base) < 0.25
+
+
+@pytest.mark.parametrize("spec, needle", [("qa=lots", "cannot read"), ("qa", "cannot read"),
+                                          ("qa=-1", "negative weight"), ("poems=0.2", "unknown families")])
+def test_a_bad_family_mix_names_the_problem(spec, needle):
+    with pytest.raises(DLMError, match=needle):
+        parse_weights(spec)
+
+
+def test_bad_unanswerable_share_is_refused_before_anything_is_written(tmp_path):
+    with pytest.raises(DLMError, match="share of QA questions"):
+        train(replace(TINY, out_dir=str(tmp_path / "x"), unanswerable=1.5))
+    assert not (tmp_path / "x").exists()
 
 
 def test_training_is_deterministic_resumable_and_loads_in_the_engine(tmp_path):

@@ -106,6 +106,10 @@ class ChatDLM(BaseChatModel):
             content=result.content,
             tool_calls=[{"name": c["function"]["name"], "args": _args(c), "id": c["id"], "type": "tool_call"}
                         for c in result.tool_calls],
+            # Streamed, a malformed call arrives as content only: as a tool_call_chunk LangChain would
+            # re-read its raw text with a partial-JSON parser and might turn it into a valid call.
+            invalid_tool_calls=[{"name": b["name"], "args": b["arguments"], "id": None, "error": b["error"],
+                                 "type": "invalid_tool_call"} for b in result.invalid_tool_calls],
             usage_metadata=_usage(result),
             response_metadata=_metadata(result, model))
 

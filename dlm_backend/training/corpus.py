@@ -73,7 +73,7 @@ QA_WRAPPERS = [
 ]
 
 
-def qa(rng: random.Random, ent: Entities) -> Example:
+def qa(rng: random.Random, ent: Entities, unanswerable: float = 0.15) -> Example:
     people = [ent.name() for _ in range(rng.randint(1, 3))]
     facts, known = [], {}
     for person in people:
@@ -82,7 +82,7 @@ def qa(rng: random.Random, ent: Entities) -> Example:
             known[(person, attr)] = value
             facts.append(ATTRS[attr][1].format(n=person, v=value))
     rng.shuffle(facts)
-    if rng.random() < 0.15:    # unanswerable: an attribute nobody mentioned, or a stranger
+    if rng.random() < unanswerable:    # an attribute nobody mentioned, or a stranger
         person = rng.choice(people + [ent.name()])
         attr = rng.choice([a for a in sorted(ATTRS) if (person, a) not in known])
         answer = NOT_IN_CONTEXT
@@ -108,7 +108,7 @@ def tool_call(rng: random.Random, ent: Entities) -> Example:
     tools = _toolset(rng, name)
     if rng.random() < 0.1:     # tools offered, none needed
         ex = chat(rng, ent)
-        return Example("tool_call", ex.messages, ex.target, tools, {"no_call": True, "answer": ex.target})
+        return Example("tool_call", ex.messages, ex.target, tools, {"no_call": True, "answers": ex.expected["answers"]})
     args, ask, _, _ = make_call(name, rng, ent)
     messages = [{"role": "user", "content": ask}]
     if rng.random() < 0.3:
@@ -262,13 +262,22 @@ GENERATORS = {"qa": qa, "tool_call": tool_call, "tool_result": tool_result, "jso
               "copy": copy_task}
 
 
-def generate(n: int, seed: int, split: str = "train", families: list[str] | None = None) -> list[Example]:
-    """``n`` examples; families drawn by weight, or round-robin over ``families`` when given."""
+def generate(n: int, seed: int, split: str = "train", families: list[str] | None = None,
+             weights: dict[str, float] | None = None, unanswerable: float = 0.15) -> list[Example]:
+    """``n`` examples; families drawn by weight, or round-robin over ``families`` when given.
+
+    ``weights`` overrides some of :data:`FAMILIES` and ``unanswerable`` is the share of QA questions
+    whose answer is not in the context. Both are for training mixes: the held-out set keeps the
+    defaults, so a stage that over-samples a weak skill is still scored on the usual mix.
+    """
     rng = random.Random(seed)
     ent = Entities(rng, split)
-    names, weights = zip(*FAMILIES.items())
+    names, mix = zip(*{**FAMILIES, **(weights or {})}.items())
     out = []
     for i in range(n):
-        family = families[i % len(families)] if families else rng.choices(names, weights)[0]
-        out.append(GENERATORS[family](rng, ent))
+        family = families[i % len(families)] if families else rng.choices(names, mix)[0]
+        if family == "qa":
+            out.append(qa(rng, ent, unanswerable))
+        else:
+            out.append(GENERATORS[family](rng, ent))
     return out
