@@ -14,12 +14,15 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 FIXTURES = Path(__file__).parent / "fixtures"
-# The shipped dlm-tiny gets the right value in 80% of held-out tool calls and 60% of QA answers,
-# but JSON values, tool-result sentences, sums and sorts less often (docs/dlm-tiny/findings.md);
-# the tests of those right answers carry this mark and XPASS once a model gets them right.
+# The shipped dlm-tiny gets tool calls right (93% held-out) but sums and list answers rarely
+# (docs/dlm-tiny/findings.md); the tests of those answers carry these marks and XPASS once a model
+# gets them right.
 WEAK_AT_LISTS = pytest.mark.xfail(
     reason="model capability: dlm-tiny gets list answers (sort, reverse, count) wrong most of the time "
-           "(held-out, 50 per family: lists 18%, arithmetic 30%; docs/dlm-tiny/findings.md)", strict=False)
+           "(held-out, 200 per family, llada: lists 19.5%; docs/dlm-tiny/findings.md)", strict=False)
+WEAK_AT_ARITHMETIC = pytest.mark.xfail(
+    reason="model capability: dlm-tiny rarely adds right (held-out, 200 per family, llada: arithmetic "
+           "25.0%; docs/dlm-tiny/findings.md)", strict=False)
 PARITY = FIXTURES / "parity"
 
 CORPUS = [
