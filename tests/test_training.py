@@ -11,7 +11,7 @@ from dlm_backend import LLM, SamplingParams
 from dlm_backend.errors import DLMError
 from dlm_backend.training import corpus
 from dlm_backend.training.entities import Entities
-from dlm_backend.training.evaluate import default_configs, evaluate, held_out, score
+from dlm_backend.training.evaluate import default_configs, evaluate, format_table, held_out, score, wilson
 from dlm_backend.engine.tokenizer import Tokenizer as ChatTokenizer
 from dlm_backend.training.objective import PackedBatches
 from dlm_backend.training.train import (TrainConfig, build_tokenizer, encode_examples, model_config, parse_weights,
@@ -51,6 +51,13 @@ def test_score_rejects_wrong_answers():
     assert score(ex, "<tool_call>{oops</tool_call>") == {"valid": False, "exact": False}
     js = corpus.generate(1, seed=0, families=["json"])[0]
     assert score(js, "{not json") == {"valid": False, "exact": False}
+
+
+def test_wilson_interval_shows_how_little_fifty_prompts_say():
+    low, high = wilson(45, 50)                   # 90% of 50
+    assert 0.78 < low < 0.79 and 0.95 < high < 0.96
+    assert wilson(0, 10)[0] == 0.0 and wilson(10, 10)[1] == 1.0
+    assert wilson(180, 200)[1] - wilson(180, 200)[0] < high - low
 
 
 def test_a_chat_turn_with_tools_on_offer_accepts_every_reply_of_its_group():
@@ -172,6 +179,8 @@ def test_eval_runs_on_a_small_slice(tmp_path):
     rows = evaluate(str(model), per_family=1, configs=default_configs(16, 8)[:2])
     assert {r["family"] for r in rows} == set(corpus.EVAL_FAMILIES) | {"all"}
     assert all(0 <= r["exact"] <= 1 and r["passes_per_token"] > 0 for r in rows)
+    assert all(r["exact_ci95"][0] <= r["exact"] <= r["exact_ci95"][1] for r in rows)
+    assert format_table(rows).count("\n") == len(rows) + 1
     assert len(held_out(2)) == 2 * len(corpus.EVAL_FAMILIES)
 
 
