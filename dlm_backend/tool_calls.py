@@ -29,7 +29,9 @@ def _read_call(raw: str, repair: bool) -> dict:
         obj, end = _DECODER.raw_decode(raw)
         if not set(raw[end:]) <= _CLOSERS:
             raise
-    args = obj.get("arguments", {}) if isinstance(obj, dict) else None
+    if not isinstance(obj, dict):
+        raise ValueError("a call is a JSON object")
+    args = obj.get("arguments", {})
     if isinstance(args, str):
         args = json.loads(args)
     if not isinstance(obj.get("name"), str) or not isinstance(args, dict):
@@ -46,9 +48,9 @@ def parse_tool_calls(text: str, repair: bool = True) -> tuple[str, list[dict], l
 
     Content is the text outside the well-formed calls: a malformed call stays in it verbatim, as
     vLLM's Hermes parser does, so a client that has no channel for invalid calls still sees what
-    the model wrote. Each malformed call is also returned as ``{"name", "arguments", "error"}``
-    (``name`` None when unreadable, ``arguments`` the raw text) for frameworks that have one
-    (LangChain's ``invalid_tool_calls``).
+    the model wrote. Each malformed call is also returned as ``{"name", "arguments", "error",
+    "text"}`` (``name`` None when unreadable, ``arguments`` the raw JSON text, ``text`` the whole
+    tagged block) for frameworks that have a channel for them (LangChain's ``invalid_tool_calls``).
     """
     calls, bad = [], []
 

@@ -80,7 +80,7 @@ def score(example: corpus.Example, text: str) -> dict:
 
 def wilson(hits: int, n: int, z: float = 1.96) -> tuple[float, float]:
     """95% Wilson interval of a proportion. Why it is in the table: at 50 prompts a family, 90%
-    exact is 78-96%, and session 7 read a one-prompt difference as a target met."""
+    exact is 79-96%, and session 7 read a one-prompt difference as a target met."""
     if n == 0:
         return 0.0, 1.0
     p = hits / n
