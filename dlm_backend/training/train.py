@@ -68,7 +68,8 @@ class TrainConfig:
     init_from: str = ""            # a finished dlm-tiny folder to continue from (its tokenizer too)
     # Training mix for a stage: "qa=0.35,list=0.12" overrides those families' corpus weights, and
     # ``unanswerable`` is the share of QA questions answered "The context does not say." (0.15 in the
-    # held-out set). p2 refused only 3 of the 23 unanswerable questions in 200 held-out QA prompts.
+    # held-out set). p2 refused only 3 of the 23 unanswerable questions in 200 held-out QA prompts;
+    # a stage with qa=0.35 and unanswerable 0.3 (p4) refused 3 too (docs/dlm-tiny/findings.md).
     family_weights: str = ""
     unanswerable: float = 0.15
     # Start layers 0-1 with a built induction circuit (circuits.py says why): on the induction task
