@@ -69,14 +69,17 @@ def test_a_chat_turn_with_tools_on_offer_accepts_every_reply_of_its_group():
     assert score(ex, '<tool_call>{"name": "get_time", "arguments": {}}</tool_call>')["valid"] is False
 
 
+def _qa_shares(examples) -> tuple[float, float]:
+    """(share of QA examples, share of those that are unanswerable)."""
+    qa = [e for e in examples if e.family == "qa"]
+    return len(qa) / len(examples), sum(e.target == corpus.NOT_IN_CONTEXT for e in qa) / len(qa)
+
+
 def test_a_training_mix_over_samples_a_family_and_unanswerable_questions():
-    base = corpus.generate(2000, seed=4)
-    mixed = corpus.generate(2000, seed=4, weights={"qa": 0.5}, unanswerable=0.5)
-    share = lambda exs: sum(e.family == "qa" for e in exs) / len(exs)        # noqa: E731
-    refusals = lambda exs: sum(e.target == corpus.NOT_IN_CONTEXT for e in exs if e.family == "qa")  # noqa: E731
-    assert share(mixed) > share(base) + 0.15
-    assert refusals(mixed) / sum(e.family == "qa" for e in mixed) > 0.4
-    assert refusals(base) / sum(e.family == "qa" for e in base) < 0.25
+    base_qa, base_absent = _qa_shares(corpus.generate(2000, seed=4))
+    mixed_qa, mixed_absent = _qa_shares(corpus.generate(2000, seed=4, weights={"qa": 0.5}, unanswerable=0.5))
+    assert mixed_qa > base_qa + 0.15
+    assert mixed_absent > 0.4 and base_absent < 0.25
 
 
 @pytest.mark.parametrize("spec, needle", [("qa=lots", "cannot read"), ("qa", "cannot read"),
