@@ -20,22 +20,24 @@ def _add_model_args(p: argparse.ArgumentParser, positional: bool = True) -> None
 
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-tokens", type=int, default=128)
-    p.add_argument("--sampler", default="threshold", help="see `dlm plugins` for the registered ones")
+    # Unset decoding knobs take the checkpoint's defaults (generation_config.json), then the
+    # adapters' serving defaults: threshold 0.9, blocks of 32, the dual cache.
+    p.add_argument("--sampler", default=None, help="see `dlm plugins` for the registered ones (default: threshold)")
     p.add_argument("--block-length", type=int, default=None)
     p.add_argument("--steps", type=int, default=None)
-    p.add_argument("--threshold", type=float, default=0.9)
-    p.add_argument("--cache", default="dual", choices=["none", "prefix", "dual"])
+    p.add_argument("--threshold", type=float, default=None, help="default 0.9")
+    p.add_argument("--cache", default=None, choices=["none", "prefix", "dual"])
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
 
 
-def _params(args):
-    from dlm_backend import SamplingParams
+def _params(args, llm):
+    from dlm_backend.adapters.common import sampling_params
 
-    return SamplingParams(max_tokens=args.max_tokens, sampler=args.sampler, block_length=args.block_length,
-                          steps=args.steps, threshold=args.threshold, cache=args.cache,
-                          temperature=args.temperature, seed=args.seed, stop=args.stop)
+    given = {k: getattr(args, k) for k in ("max_tokens", "sampler", "block_length", "steps", "threshold",
+                                           "cache", "temperature", "seed", "stop")}
+    return sampling_params(llm, {}, given)
 
 
 def _llm(args):
@@ -48,7 +50,8 @@ def cmd_generate(args) -> int:
     if len(args.args) > 2:
         raise DLMError("dlm generate takes [MODEL] PROMPT; quote a prompt that has spaces.")
     args.model, args.prompt = (None, args.args[0]) if len(args.args) == 1 else args.args
-    llm, params = _llm(args), _params(args)
+    llm = _llm(args)
+    params = _params(args, llm)
     use_chat = not args.raw and llm.engine.tokenizer is not None and llm.engine.tokenizer.chat_template
     if use_chat:
         chunks = llm.stream_chat([{"role": "user", "content": args.prompt}], params)
@@ -70,7 +73,8 @@ def cmd_generate(args) -> int:
 
 
 def cmd_chat(args) -> int:
-    llm, params = _llm(args), _params(args)
+    llm = _llm(args)
+    params = _params(args, llm)
     messages = [{"role": "system", "content": args.system}] if args.system else []
     interactive = sys.stdin.isatty()
     while True:

@@ -19,10 +19,7 @@ def get_stock_price(symbol: str) -> str:
 
 
 def main(question: str = "What's the weather in Lisbon?") -> dict:
-    # Entropy-bounded parallel decoding (2.5 tokens a pass on the held-out set). With the session-7
-    # model threshold 0.95 wrote get_weather(city=" isbon"), the first piece lost to a parallel
-    # commit, and 0.9 answered nothing; entropy_bounded 0.1 and llada write Lisbon and Kyoto.
-    model = ChatDLM(max_tokens=64, block_length=32, sampler="entropy_bounded", gamma=0.1)
+    model = ChatDLM(max_tokens=64)
     agent = create_agent(model, tools=[get_weather, get_stock_price])
     state = agent.invoke({"messages": [{"role": "user", "content": question}]})
     for message in state["messages"]:

@@ -15,14 +15,15 @@ TOOLS = [{"type": "function", "function": {
 
 def main() -> dict:
     reply = litellm.completion(model="dlm/dlm-tiny", messages=[{"role": "user", "content": "Who are you?"}],
-                               max_tokens=32, block_length=32)
+                               max_tokens=32)
     print("answer:", reply.choices[0].message.content, reply.usage)
+    # Diffusion knobs ride along as extra keyword arguments; unset ones take the model's defaults.
     streamed = "".join(chunk.choices[0].delta.content or "" for chunk in litellm.completion(
         model="dlm/dlm-tiny", messages=[{"role": "user", "content": "What is 12 + 30?"}], max_tokens=16,
-        block_length=16, stream=True))
+        kv_cache="prefix", stream=True))
     print("streamed:", streamed)
     call = litellm.completion(model="dlm/dlm-tiny", messages=[{"role": "user", "content": "What time is it in Oslo?"}],
-                              tools=TOOLS, max_tokens=64, block_length=32)
+                              tools=TOOLS, max_tokens=64)
     print("tool calls:", call.choices[0].message.tool_calls)
     return {"answer": reply, "streamed": streamed, "tool_call": call}
 

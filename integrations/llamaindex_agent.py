@@ -15,7 +15,7 @@ def get_population(city: str) -> str:
 
 async def run(question: str = "How many people live in Brambleton?"):
     agent = FunctionAgent(tools=[FunctionTool.from_defaults(fn=get_population)],
-                          llm=DLM(max_tokens=64, block_length=32))
+                          llm=DLM(max_tokens=64))
     handler = agent.run(user_msg=question)
     calls = []
     from llama_index.core.agent.workflow import ToolCallResult

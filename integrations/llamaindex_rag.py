@@ -22,7 +22,7 @@ QUESTIONS = {
 
 
 def build_query_engine():
-    Settings.llm = DLM(max_tokens=32, block_length=32, sampler="threshold", threshold=0.9)
+    Settings.llm = DLM(max_tokens=32)
     nodes = SentenceSplitter(chunk_size=128, chunk_overlap=0).get_nodes_from_documents(DOCUMENTS)
     retriever = BM25Retriever.from_defaults(nodes=nodes, similarity_top_k=1)
     return RetrieverQueryEngine.from_args(retriever)

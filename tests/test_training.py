@@ -11,7 +11,8 @@ from dlm_backend import LLM, SamplingParams
 from dlm_backend.errors import DLMError
 from dlm_backend.training import corpus
 from dlm_backend.training.entities import Entities
-from dlm_backend.training.evaluate import default_configs, evaluate, format_table, held_out, score, wilson
+from dlm_backend.training.evaluate import (default_configs, evaluate, format_table, held_out, score,
+                                          select_configs, wilson)
 from dlm_backend.engine.tokenizer import Tokenizer as ChatTokenizer
 from dlm_backend.training.objective import PackedBatches
 from dlm_backend.training.train import (TrainConfig, build_tokenizer, encode_examples, model_config, parse_weights,
@@ -239,3 +240,12 @@ def test_packed_batches_run_across_epochs_of_different_lengths():
     steps = sum(lengths)
     first = [batches(s).ids for s in range(steps)]   # every step of four epochs, none out of range
     assert all(torch.equal(a, batches(s).ids) for s, a in list(enumerate(first))[::7])
+
+
+def test_eval_configs_are_selected_by_label_and_unknown_ones_refused():
+    configs = default_configs()
+    chosen = select_configs(configs, "threshold 0.9, prefix, block 4; llada 1 tok/step, dual")
+    assert [c.label for c in chosen] == ["threshold 0.9, prefix, block 4", "llada 1 tok/step, dual"]
+    assert (chosen[0].params.block_length, chosen[0].params.cache) == (4, "prefix")
+    with pytest.raises(DLMError, match="Unknown eval config 'threshold 0.8, prefix'. Known configs: llada"):
+        select_configs(configs, "threshold 0.9, dual;threshold 0.8, prefix")

@@ -10,9 +10,20 @@ KNOBS = ("kv_cache", "sampler", "steps", "block_length", "threshold", "factor", 
          "alg_temp", "cfg_scale", "top_p", "top_k", "seed", "temperature", "max_tokens", "stop", "ignore_eos")
 
 
-def sampling_params(defaults: dict, overrides: dict) -> SamplingParams:
-    """SamplingParams from adapter fields (``defaults``) and per-call keyword arguments."""
-    values = _knobs(defaults)
+#: What the adapters and the server decode with when neither the caller nor the checkpoint says:
+#: a 256-token canvas (chat replies and tool calls fit), Fast-dLLM's block of 32 and its dual cache.
+SERVING_DEFAULTS = {"max_tokens": 256, "block_length": 32, "cache": "dual"}
+
+
+def sampling_params(llm: LLM, fields: dict, overrides: dict) -> SamplingParams:
+    """SamplingParams for one framework call.
+
+    Later layers win: :data:`SERVING_DEFAULTS`, the checkpoint's own decoding defaults (its
+    ``generation_config.json``), the adapter's fields (``fields``, ``None`` = not set), then the
+    call's keyword arguments (``overrides``).
+    """
+    values = {**SERVING_DEFAULTS, **llm.engine.sampling_defaults}
+    values.update(_knobs(fields))
     values.update(_knobs(overrides))
     if "gen_length" in overrides:          # LLaDA's name for the canvas size
         values["max_tokens"] = overrides["gen_length"]

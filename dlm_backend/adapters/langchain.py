@@ -45,11 +45,14 @@ class ChatDLM(BaseChatModel):
     streaming: bool = False
     seed: int | None = None
     steps: int | None = None
-    block_length: int | None = 32
-    sampler: str = "threshold"
-    threshold: float = 0.9
-    kv_cache: str = "dual"
-    """Diffusion KV cache mode (none/prefix/dual); ``cache`` itself is LangChain's response cache."""
+    block_length: int | None = None
+    sampler: str | None = None
+    threshold: float | None = None
+    kv_cache: str | None = None
+    """Diffusion KV cache mode (none/prefix/dual); ``cache`` itself is LangChain's response cache.
+
+    The diffusion knobs left ``None`` take the checkpoint's defaults (its ``generation_config.json``),
+    else the threshold rule at 0.9, blocks of 32 and the dual cache."""
     timeout: float | None = None
     max_retries: int = 0
     api_key: str | None = None
@@ -94,11 +97,12 @@ class ChatDLM(BaseChatModel):
                                                  "block_length", "sampler", "threshold", "kv_cache")}
         if stop is not None:
             kwargs["stop"] = stop
+        llm = engine(model, self.device)
         request = chat.ChatRequest(
-            messages=convert_to_openai_messages(messages), params=sampling_params(fields, kwargs),
+            messages=convert_to_openai_messages(messages), params=sampling_params(llm, fields, kwargs),
             tools=kwargs.get("tools"), tool_choice=kwargs.get("tool_choice"),
             response_format=kwargs.get("response_format"))
-        return engine(model, self.device), request, model or self.model_name
+        return llm, request, model or self.model_name
 
     @staticmethod
     def _message(result: chat.ChatResult, model: str) -> AIMessage:

@@ -37,11 +37,11 @@ def _request(model: str, messages: list, optional_params: dict) -> tuple:
     params.update(extra)
     if "max_completion_tokens" in params:
         params.setdefault("max_tokens", params.pop("max_completion_tokens"))
-    sampling = sampling_params({"max_tokens": 256, "block_length": 32, "kv_cache": "dual"},
-                               {k: v for k, v in params.items() if k in KNOBS or k == "gen_length"})
+    llm = engine(_model_path(model))
+    sampling = sampling_params(llm, {}, {k: v for k, v in params.items() if k in KNOBS or k == "gen_length"})
     request = chat.ChatRequest(messages, sampling, tools=params.get("tools"), tool_choice=params.get("tool_choice"),
                                response_format=params.get("response_format"))
-    return engine(_model_path(model)), request
+    return llm, request
 
 
 def _fill(model_response: ModelResponse, result: chat.ChatResult, model: str) -> ModelResponse:

@@ -30,11 +30,13 @@ class DLM(FunctionCallingLLM):
     device: str | None = Field(default=None)
     temperature: float = Field(default=0.0)
     max_tokens: int = Field(default=256)
-    sampler: str = Field(default="threshold")
-    threshold: float = Field(default=0.9)
-    block_length: int | None = Field(default=32)
+    # Diffusion knobs left None take the checkpoint's defaults (generation_config.json), else
+    # threshold 0.9, blocks of 32 and the dual cache.
+    sampler: str | None = Field(default=None, description="denoising rule (default: the checkpoint's, else threshold)")
+    threshold: float | None = Field(default=None)
+    block_length: int | None = Field(default=None)
     steps: int | None = Field(default=None)
-    kv_cache: str = Field(default="dual", description="diffusion KV cache: none, prefix or dual")
+    kv_cache: str | None = Field(default=None, description="diffusion KV cache: none, prefix or dual")
     seed: int | None = Field(default=None)
     additional_kwargs: dict[str, Any] = Field(default_factory=dict, description="more SamplingParams fields")
     _context_window: int | None = PrivateAttr(default=None)
@@ -60,7 +62,7 @@ class DLM(FunctionCallingLLM):
     def _request(self, messages: Sequence[ChatMessage], kwargs: dict) -> chat.ChatRequest:
         fields = {k: getattr(self, k) for k in ("temperature", "max_tokens", "sampler", "threshold",
                                                  "block_length", "steps", "kv_cache", "seed")}
-        params = sampling_params({**fields, **self.additional_kwargs}, kwargs)
+        params = sampling_params(self._llm, {**fields, **self.additional_kwargs}, kwargs)
         return chat.ChatRequest([_to_openai(m) for m in messages], params, tools=kwargs.get("tools"),
                                 tool_choice=kwargs.get("tool_choice"), response_format=kwargs.get("response_format"))
 

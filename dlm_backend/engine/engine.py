@@ -15,7 +15,7 @@ from dlm_backend.engine.loader import default_dtype, load_model, read_config, re
 from dlm_backend.engine.metrics import EngineStats
 from dlm_backend.engine.models.base import token_ids
 from dlm_backend.engine.outputs import GenerationOutput, StreamChunk
-from dlm_backend.engine.params import SamplingParams
+from dlm_backend.engine.params import SamplingParams, checkpoint_defaults
 from dlm_backend.engine.runner import ModelRunner
 from dlm_backend.engine.samplers.base import Sampler, TokenInfo
 from dlm_backend.engine.scheduler import Scheduler
@@ -57,6 +57,10 @@ class LLMEngine:
         self.dtype = default_dtype(self.device) if config.dtype == "auto" else DTYPES[config.dtype]
         self.folder = resolve_checkpoint(config.model, config.revision)
         self.hf_config = read_config(self.folder)
+        #: Decoding knobs the checkpoint names for itself (``generation_config.json``); front ends
+        #: start from them, before the weights load so a bad file fails fast.
+        self.sampling_defaults = checkpoint_defaults(self.hf_config.get("_generation_config", {}),
+                                                     str(self.folder / "generation_config.json"))
         model = load_model(self.folder, self.hf_config, self.device, self.dtype)
         self.model_args = model.args
         self.architecture = type(model).__name__

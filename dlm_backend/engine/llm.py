@@ -57,6 +57,14 @@ class LLM:
                                  "one. Pass prompt_token_ids instead.")
         return self.engine.tokenizer
 
+    def sampling_params(self, **changes) -> SamplingParams:
+        """The checkpoint's decoding defaults (its ``generation_config.json``) with ``changes`` applied.
+
+        Every method here uses ``sampling_params()`` when given no SamplingParams; a SamplingParams
+        built by hand is used as it is.
+        """
+        return SamplingParams(**{**self.engine.sampling_defaults, **changes})
+
     # -- prompts ------------------------------------------------------------------------------
 
     def encode_chat(self, messages: list[dict], tools: list[dict] | None = None, **template_kwargs) -> list[int]:
@@ -81,7 +89,7 @@ class LLM:
 
         ``response_template`` fixes output tokens in advance (``None`` marks a slot to denoise).
         """
-        params = sampling_params or SamplingParams()
+        params = sampling_params or self.sampling_params()
         batches = self._prompt_ids(prompts, prompt_token_ids)
         results: list[queue.Queue] = [queue.Queue() for _ in batches]
         for ids, q in zip(batches, results):
@@ -99,13 +107,13 @@ class LLM:
                response_template: list[int | None] | None = None) -> Iterator[StreamChunk]:
         """Yield committed output in order as the engine finalises it; the last chunk is ``finished``."""
         ids = self._prompt_ids(prompt, None if prompt_token_ids is None else [prompt_token_ids])[0]
-        return self._stream_ids(ids, sampling_params or SamplingParams(), response_template)
+        return self._stream_ids(ids, sampling_params or self.sampling_params(), response_template)
 
     def stream_chat(self, messages: list[dict], sampling_params: SamplingParams | None = None, *,
                     tools: list[dict] | None = None, **template_kwargs) -> Iterator[StreamChunk]:
         """Stream the answer to one conversation."""
         return self._stream_ids(self.encode_chat(messages, tools, **template_kwargs),
-                                sampling_params or SamplingParams())
+                                sampling_params or self.sampling_params())
 
     def _stream_ids(self, ids: list[int], params: SamplingParams,
                     response_template: list[int | None] | None = None) -> Iterator[StreamChunk]:
@@ -131,7 +139,7 @@ class LLM:
     async def agenerate(self, prompts=None, sampling_params: SamplingParams | None = None, *,
                         prompt_token_ids=None, response_template=None) -> list[GenerationOutput]:
         """``generate`` without blocking the event loop."""
-        params = sampling_params or SamplingParams()
+        params = sampling_params or self.sampling_params()
         futures, request_ids = [], []
         try:
             for ids in self._prompt_ids(prompts, prompt_token_ids):
@@ -162,13 +170,13 @@ class LLM:
                       response_template: list[int | None] | None = None) -> AsyncIterator[StreamChunk]:
         """``stream`` without blocking the event loop."""
         ids = self._prompt_ids(prompt, None if prompt_token_ids is None else [prompt_token_ids])[0]
-        async for chunk in self._astream_ids(ids, sampling_params or SamplingParams(), response_template):
+        async for chunk in self._astream_ids(ids, sampling_params or self.sampling_params(), response_template):
             yield chunk
 
     async def astream_chat(self, messages: list[dict], sampling_params: SamplingParams | None = None, *,
                            tools: list[dict] | None = None, **template_kwargs) -> AsyncIterator[StreamChunk]:
         ids = self.encode_chat(messages, tools, **template_kwargs)
-        async for chunk in self._astream_ids(ids, sampling_params or SamplingParams()):
+        async for chunk in self._astream_ids(ids, sampling_params or self.sampling_params()):
             yield chunk
 
     async def _astream_ids(self, ids: list[int], params: SamplingParams,

@@ -10,6 +10,12 @@ from dlm_backend.errors import SamplingParamsError
 CACHE_MODES = ("none", "prefix", "dual")
 REMASKING = ("low_confidence", "random")
 DREAM_ALGS = ("origin", "maskgit_plus", "topk_margin", "entropy")
+#: The key of ``generation_config.json`` under which a checkpoint names its own decoding defaults.
+CHECKPOINT_DEFAULTS_KEY = "dlm_sampling"
+#: What a checkpoint may set there: how it is decoded, not what the caller asks for (length, stops,
+#: temperature and seed stay the caller's).
+CHECKPOINT_KNOBS = ("sampler", "block_length", "steps", "cache", "threshold", "factor", "gamma", "remasking",
+                    "alg", "alg_temp", "eps")
 
 
 @dataclass
@@ -95,3 +101,26 @@ class SamplingParams:
 
 def _is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def checkpoint_defaults(generation_config: dict, source: str = "generation_config.json") -> dict:
+    """The decoding defaults a checkpoint names under ``"dlm_sampling"`` in its generation config.
+
+    A model knows the block length and cache mode it decodes best with (the threshold rule scores
+    dlm-tiny's held-out set 69.6% exact at block 4 and 60-65% at 32), so every front end starts
+    from these and the caller's own values win. Raises a :class:`SamplingParamsError` naming
+    ``source`` when a key is not a decoding knob or a value is out of range.
+    """
+    given = generation_config.get(CHECKPOINT_DEFAULTS_KEY) or {}
+    if not isinstance(given, dict):
+        raise SamplingParamsError(f"{source}: {CHECKPOINT_DEFAULTS_KEY!r} must be an object of decoding knobs.")
+    unknown = sorted(set(given) - set(CHECKPOINT_KNOBS))
+    if unknown:
+        raise SamplingParamsError(f"{source}: {CHECKPOINT_DEFAULTS_KEY!r} has {', '.join(unknown)}, which a "
+                                  f"checkpoint cannot set. Allowed: {', '.join(CHECKPOINT_KNOBS)}.")
+    try:
+        SamplingParams(**given)
+    except SamplingParamsError as exc:
+        raise SamplingParamsError(f"{source}: {CHECKPOINT_DEFAULTS_KEY!r} is invalid. {exc}") from None
+    return dict(given)
+

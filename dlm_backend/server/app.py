@@ -29,7 +29,6 @@ from dlm_backend.server.metrics import CONTENT_TYPE, make_registry, metrics_text
 from dlm_backend.server.protocol import ChatCompletionRequest, CompletionRequest
 from dlm_backend.server.security import APIKeyMiddleware, BodyLimitMiddleware
 
-DEFAULTS = {"max_tokens": 256, "block_length": 32, "kv_cache": "dual"}
 DISCONNECT_POLL_S = 0.25
 
 
@@ -130,7 +129,7 @@ def create_app(model: str | None = None, served_name: str | None = None, device:
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, http: Request):
-        request = chat.ChatRequest(body.messages, sampling_params(DEFAULTS, body.knobs()), tools=body.tools,
+        request = chat.ChatRequest(body.messages, sampling_params(llm(), {}, body.knobs()), tools=body.tools,
                                    tool_choice=body.tool_choice, response_format=body.response_format)
         prep = chat.Prepared(llm(), request)          # validates before the 200 goes out
         admit(len(prep.prompt_ids), request.params.max_tokens)
@@ -154,7 +153,7 @@ def create_app(model: str | None = None, served_name: str | None = None, device:
         prompts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
         if len(prompts) != 1:
             return _error(400, "Send one prompt per request (batch by sending concurrent requests).")
-        params = sampling_params(DEFAULTS, body.knobs())
+        params = sampling_params(llm(), {}, body.knobs())
         ids = llm().tokenizer.encode(prompts[0])
         admit(len(ids), params.max_tokens)
         rid, created = f"cmpl-{uuid.uuid4().hex[:24]}", int(time.time())

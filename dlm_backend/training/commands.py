@@ -19,12 +19,11 @@ def _train(args) -> int:
 
 
 def _eval(args) -> int:
-    from dlm_backend.training.evaluate import default_configs, evaluate, format_table, plot
+    from dlm_backend.training.evaluate import default_configs, evaluate, format_table, plot, select_configs
 
     configs = default_configs(args.max_tokens, args.block_length)
     if args.configs:
-        wanted = [c.strip() for c in args.configs.split(";")]
-        configs = [c for c in configs if c.label in wanted]
+        configs = select_configs(configs, args.configs)
     rows = evaluate(args.model, per_family=args.per_family, configs=configs)
     table = format_table(rows)
     print(table)

@@ -15,6 +15,7 @@ from pathlib import Path
 from dlm_backend.tool_calls import parse_tool_calls
 from dlm_backend.engine.llm import LLM
 from dlm_backend.engine.params import SamplingParams
+from dlm_backend.errors import DLMError
 from dlm_backend.training import corpus
 from dlm_backend.training.entities import CATEGORIES
 
@@ -38,6 +39,7 @@ def default_configs(max_tokens: int = 64, block_length: int = 32) -> list[EvalCo
         EvalConfig("threshold 0.9, prefix", base.replace(sampler="threshold", threshold=0.9, cache="prefix")),
         EvalConfig("threshold 0.9, dual", base.replace(sampler="threshold", threshold=0.9, cache="dual")),
         EvalConfig("threshold 0.95, dual", base.replace(sampler="threshold", threshold=0.95, cache="dual")),
+        EvalConfig("threshold 0.95, prefix", base.replace(sampler="threshold", threshold=0.95, cache="prefix")),
         EvalConfig("threshold 0.7, dual", base.replace(sampler="threshold", threshold=0.7, cache="dual")),
         EvalConfig("factor 1.0, dual", base.replace(sampler="factor", factor=1.0, cache="dual")),
         EvalConfig("entropy_bounded 0.1, dual", base.replace(sampler="entropy_bounded", gamma=0.1, cache="dual")),
@@ -49,6 +51,17 @@ def default_configs(max_tokens: int = 64, block_length: int = 32) -> list[EvalCo
         EvalConfig("threshold 0.9, prefix, block 4", base.replace(sampler="threshold", threshold=0.9,
                                                                   cache="prefix", block_length=min(4, block_length))),
     ]
+
+
+def select_configs(configs: list[EvalConfig], labels: str) -> list[EvalConfig]:
+    """The configs named in ``labels`` (``;``-separated), in that order; a DLMError for an unknown one."""
+    by_label = {c.label: c for c in configs}
+    wanted = [label.strip() for label in labels.split(";") if label.strip()]
+    unknown = [label for label in wanted if label not in by_label]
+    if unknown or not wanted:
+        raise DLMError(f"Unknown eval config {', '.join(map(repr, unknown)) or '(none given)'}. "
+                       f"Known configs: {'; '.join(by_label)}.")
+    return [by_label[label] for label in wanted]
 
 
 def _norm(text: str) -> str:

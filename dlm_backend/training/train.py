@@ -126,13 +126,22 @@ def model_config(cfg: TrainConfig, tok: Tokenizer) -> dict:
     }
 
 
+#: How dlm-tiny decodes unless the caller says otherwise (``generation_config.json``'s
+#: ``dlm_sampling``). Held-out, 200 a family, with the prefix cache: the threshold rule at 0.95 and
+#: block 4 scores 69.6% exact and 96.8% valid at 0.558 forward passes per token, against `llada`
+#: one token per pass at block 32 (69.0%, 98.5%, 2.134); at block 8 68.8% and 93.8%, and 0.9 at
+#: block 4 68.7% and 93.5%. At the adapters' usual block of 32 (dual) 0.9 falls to 60.1%: each
+#: pass leaves more masked neighbours to commit wrongly together (``"Tarnholroum"``).
+SAMPLING_DEFAULTS = {"sampler": "threshold", "threshold": 0.95, "block_length": 4, "cache": "prefix"}
+
+
 def write_checkpoint_files(folder: Path, config: dict, tok: Tokenizer) -> None:
     """Everything but the weights, laid out exactly as a hub checkpoint."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(config, indent=2))
     (folder / "generation_config.json").write_text(json.dumps(
         {"eos_token_id": config["eos_token_id"], "pad_token_id": config["pad_token_id"],
-         "mask_token_id": config["mask_token_id"]}, indent=2))
+         "mask_token_id": config["mask_token_id"], "dlm_sampling": SAMPLING_DEFAULTS}, indent=2))
     tok.save(str(folder / "tokenizer.json"))
     (folder / "tokenizer_config.json").write_text(json.dumps(
         {"eos_token": EOS, "pad_token": EOS, "mask_token": MASK, "model_max_length": 2048,

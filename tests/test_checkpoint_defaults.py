@@ -1,0 +1,73 @@
+"""A checkpoint's own decoding defaults (generation_config.json's ``dlm_sampling``) reach every front end."""
+
+import json
+import shutil
+
+import pytest
+from helpers import PARITY
+
+from dlm_backend import LLM, SamplingParams
+from dlm_backend.adapters.common import SERVING_DEFAULTS, sampling_params
+from dlm_backend.engine.params import checkpoint_defaults
+from dlm_backend.errors import SamplingParamsError
+
+
+def _with_defaults(tmp_path, defaults) -> str:
+    folder = tmp_path / "llada"
+    shutil.copytree(PARITY / "llada-tiny", folder)
+    path = folder / "generation_config.json"
+    config = json.loads(path.read_text()) if path.is_file() else {}
+    config["dlm_sampling"] = defaults
+    path.write_text(json.dumps(config))
+    return str(folder)
+
+
+def test_checkpoint_defaults_read_and_validated():
+    assert checkpoint_defaults({}) == {}
+    assert checkpoint_defaults({"dlm_sampling": {"block_length": 4, "cache": "prefix"}}) == {
+        "block_length": 4, "cache": "prefix"}
+    with pytest.raises(SamplingParamsError, match="has max_tokens, seed, which a checkpoint cannot set. Allowed:"):
+        checkpoint_defaults({"dlm_sampling": {"seed": 1, "max_tokens": 9}})
+    with pytest.raises(SamplingParamsError, match="gen.json: 'dlm_sampling' is invalid.*cache must be one of"):
+        checkpoint_defaults({"dlm_sampling": {"cache": "paged"}}, "gen.json")
+    with pytest.raises(SamplingParamsError, match="must be an object"):
+        checkpoint_defaults({"dlm_sampling": [4]})
+
+
+def test_bad_checkpoint_defaults_fail_at_load(tmp_path):
+    with pytest.raises(SamplingParamsError, match="generation_config.json.*block_length must be"):
+        LLM(_with_defaults(tmp_path, {"block_length": 0})).engine
+
+
+def test_layers_serving_then_checkpoint_then_fields_then_call(tmp_path):
+    plain = LLM(str(PARITY / "llada-tiny"))
+    assert plain.sampling_params() == SamplingParams()
+    p = sampling_params(plain, {}, {})
+    assert (p.max_tokens, p.block_length, p.cache) == (SERVING_DEFAULTS["max_tokens"], 32, "dual")
+
+    llm = LLM(_with_defaults(tmp_path, {"block_length": 4, "cache": "prefix", "threshold": 0.8}))
+    assert llm.sampling_params(max_tokens=16) == SamplingParams(max_tokens=16, block_length=4, cache="prefix",
+                                                                threshold=0.8)
+    p = sampling_params(llm, {"block_length": None, "kv_cache": None, "threshold": 0.95}, {})
+    assert (p.max_tokens, p.block_length, p.cache, p.threshold) == (256, 4, "prefix", 0.95)
+    p = sampling_params(llm, {"kv_cache": "dual"}, {"block_length": 8})
+    assert (p.block_length, p.cache, p.threshold) == (8, "dual", 0.8)
+
+
+def test_llm_methods_without_params_use_the_checkpoint_defaults(tmp_path, monkeypatch):
+    llm = LLM(_with_defaults(tmp_path, {"sampler": "llada", "block_length": 4}))
+    submitted = []
+    submit = llm._loop.submit
+    monkeypatch.setattr(llm._loop, "submit", lambda ids, params, *a, **k: (submitted.append(params),
+                                                                            submit(ids, params, *a, **k))[1])
+    out = llm.generate(prompt_token_ids=[[1, 2, 3, 4]])[0]
+    list(llm.stream(prompt_token_ids=[1, 2, 3]))
+    assert [(p.sampler, p.block_length) for p in submitted] == [("llada", 4)] * 2
+    assert out.num_forward_passes == 128      # llada, one token per pass over the 128-slot canvas
+    llm.generate(prompt_token_ids=[[1, 2]], sampling_params=SamplingParams(max_tokens=8))
+    assert (submitted[-1].sampler, submitted[-1].block_length) == ("threshold", None)   # by hand: as given
+
+
+def test_shipped_model_names_its_defaults():
+    p = LLM().sampling_params()
+    assert (p.sampler, p.threshold, p.block_length, p.cache) == ("threshold", 0.95, 4, "prefix")
