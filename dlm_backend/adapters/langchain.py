@@ -6,6 +6,7 @@ loads on the first call and is shared by every ChatDLM naming the same model.
 
 from __future__ import annotations
 
+import asyncio
 from operator import itemgetter
 from typing import Any, AsyncIterator, Iterator, Literal
 
@@ -92,6 +93,8 @@ class ChatDLM(BaseChatModel):
     # -- request building ---------------------------------------------------------------------
 
     def _request(self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict):
+        # The first call loads the weights (seconds for an 8B checkpoint): async callers run this in a
+        # worker thread so the event loop keeps serving.
         model = kwargs.pop("model", None) or self.model
         fields = {k: getattr(self, k) for k in ("temperature", "max_tokens", "stop", "seed", "steps",
                                                  "block_length", "sampler", "threshold", "kv_cache")}
@@ -124,7 +127,7 @@ class ChatDLM(BaseChatModel):
 
     async def _agenerate(self, messages: list[BaseMessage], stop: list[str] | None = None,
                          run_manager: AsyncCallbackManagerForLLMRun | None = None, **kwargs: Any) -> ChatResult:
-        llm, request, model = self._request(messages, stop, kwargs)
+        llm, request, model = await asyncio.to_thread(self._request, messages, stop, kwargs)
         result = await chat.acomplete(llm, request)
         return ChatResult(generations=[ChatGeneration(message=self._message(result, model))])
 
@@ -153,7 +156,7 @@ class ChatDLM(BaseChatModel):
     async def _astream(self, messages: list[BaseMessage], stop: list[str] | None = None,
                        run_manager: AsyncCallbackManagerForLLMRun | None = None,
                        **kwargs: Any) -> AsyncIterator[ChatGenerationChunk]:
-        llm, request, model = self._request(messages, stop, kwargs)
+        llm, request, model = await asyncio.to_thread(self._request, messages, stop, kwargs)
         async for delta in chat.astream(llm, request):
             chunk = self._chunk(delta, model)
             if run_manager and delta.content:

@@ -11,6 +11,7 @@ embedded model; ``dlm/<folder or hub id>`` any other. Diffusion knobs (``steps``
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any, AsyncIterator, Iterator
 
@@ -83,7 +84,8 @@ class DLMProvider(CustomLLM):
                           model_response: ModelResponse | None = None, print_verbose=None, encoding=None,
                           api_key=None, logging_obj=None, optional_params: dict | None = None,
                           **kwargs: Any) -> ModelResponse:
-        llm, request = _request(model, messages, optional_params or {})
+        # Off the event loop: the first request for a model loads its weights.
+        llm, request = await asyncio.to_thread(_request, model, messages, optional_params or {})
         return _fill(model_response or ModelResponse(), await chat.acomplete(llm, request), model)
 
     def streaming(self, model: str, messages: list, api_base: str | None = None, custom_prompt_dict=None,
@@ -97,7 +99,7 @@ class DLMProvider(CustomLLM):
                          model_response: ModelResponse | None = None, print_verbose=None, encoding=None,
                          api_key=None, logging_obj=None, optional_params: dict | None = None,
                          **kwargs: Any) -> AsyncIterator[GenericStreamingChunk]:
-        llm, request = _request(model, messages, optional_params or {})
+        llm, request = await asyncio.to_thread(_request, model, messages, optional_params or {})
         async for delta in chat.astream(llm, request):
             yield _chunk(delta)
 

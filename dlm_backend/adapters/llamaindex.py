@@ -6,6 +6,7 @@ chat engines and ``FunctionAgent`` use it directly; the engine loads on first us
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any, Sequence
 
@@ -20,7 +21,7 @@ from llama_index.core.llms.llm import ToolSelection
 
 from dlm_backend import chat
 from dlm_backend.adapters.common import engine, sampling_params
-from dlm_backend.engine.loader import default_model
+from dlm_backend.engine.loader import context_length, default_model
 
 
 class DLM(FunctionCallingLLM):
@@ -51,8 +52,8 @@ class DLM(FunctionCallingLLM):
 
     @property
     def metadata(self) -> LLMMetadata:
-        if self._context_window is None:     # reading it loads the engine, once
-            self._context_window = self._llm.engine.max_model_len - self.max_tokens
+        if self._context_window is None:     # from config.json: metadata never loads the weights
+            self._context_window = context_length(self.model or default_model()) - self.max_tokens
         return LLMMetadata(context_window=self._context_window, num_output=self.max_tokens,
                            is_chat_model=True, is_function_calling_model=True,
                            model_name=self.model or default_model())
@@ -82,7 +83,8 @@ class DLM(FunctionCallingLLM):
 
     @llm_chat_callback()
     async def achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
-        return self._response(await chat.acomplete(self._llm, self._request(messages, kwargs)))
+        request = await asyncio.to_thread(self._request, messages, kwargs)    # the first call loads weights
+        return self._response(await chat.acomplete(self._llm, request))
 
     @llm_chat_callback()
     def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
@@ -97,7 +99,7 @@ class DLM(FunctionCallingLLM):
 
     @llm_chat_callback()
     async def astream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseAsyncGen:
-        request = self._request(messages, kwargs)
+        request = await asyncio.to_thread(self._request, messages, kwargs)
 
         async def gen() -> ChatResponseAsyncGen:
             accumulate = _Accumulator()

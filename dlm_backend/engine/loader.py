@@ -34,11 +34,12 @@ def default_model() -> str:
     return os.environ.get("DLM_MODEL") or str(EMBEDDED_MODEL)
 
 
-def resolve_checkpoint(model: str | os.PathLike, revision: str | None = None) -> Path:
+def resolve_checkpoint(model: str | os.PathLike, revision: str | None = None,
+                       patterns: list[str] = HUB_PATTERNS) -> Path:
     """A local folder holding the checkpoint: ``model`` itself, or a hub snapshot of it.
 
     Hub downloads go through huggingface_hub, so ``HF_HUB_OFFLINE``, ``HF_HOME`` and the local cache
-    behave as everywhere else in the HF ecosystem.
+    behave as everywhere else in the HF ecosystem. ``patterns`` limits what a download fetches.
     """
     path = Path(model).expanduser()
     if path.is_dir():
@@ -56,7 +57,7 @@ def resolve_checkpoint(model: str | os.PathLike, revision: str | None = None) ->
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError
 
     try:
-        return Path(snapshot_download(name, revision=revision, allow_patterns=HUB_PATTERNS))
+        return Path(snapshot_download(name, revision=revision, allow_patterns=patterns))
     except LocalEntryNotFoundError as exc:
         raise ModelNotFoundError(
             f"Model {name!r} is not in the local Hugging Face cache and the hub cannot be reached "
@@ -84,6 +85,16 @@ def read_config(folder: Path) -> dict:
     if generation_path.is_file():
         config["_generation_config"] = json.loads(generation_path.read_text())
     return config
+
+
+def context_length(model: str, revision: str | None = None) -> int:
+    """The model's context window from its config.json alone: no weights are read or downloaded.
+
+    Frameworks ask for it before the first request (LlamaIndex's ``metadata``), often on an event
+    loop, where loading an 8B checkpoint would stall everything for tens of seconds.
+    """
+    config = read_config(resolve_checkpoint(model, revision, patterns=["*.json"]))
+    return resolve_model_class(config).args_from_config(config).max_positions
 
 
 def safetensors_files(folder: Path) -> list[Path]:

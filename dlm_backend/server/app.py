@@ -129,6 +129,7 @@ def create_app(model: str | None = None, served_name: str | None = None, device:
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, http: Request):
+        await asyncio.to_thread(llm)       # with --lazy the first request loads the model: not on the loop
         request = chat.ChatRequest(body.messages, sampling_params(llm(), {}, body.knobs()), tools=body.tools,
                                    tool_choice=body.tool_choice, response_format=body.response_format)
         prep = chat.Prepared(llm(), request)          # validates before the 200 goes out
@@ -150,6 +151,7 @@ def create_app(model: str | None = None, served_name: str | None = None, device:
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, http: Request):
+        await asyncio.to_thread(llm)
         prompts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
         if len(prompts) != 1:
             return _error(400, "Send one prompt per request (batch by sending concurrent requests).")
