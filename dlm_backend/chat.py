@@ -17,8 +17,8 @@ from dlm_backend.engine.outputs import GenerationOutput
 from dlm_backend.engine.params import SamplingParams
 from dlm_backend.errors import DLMError
 from dlm_backend.structured import JsonPlan, nearest, plan_json, plan_tool_call
-from dlm_backend.tool_calls import (CLOSE, NAME_HEAD, NAME_SLOTS, OPEN, TOOL_FALLBACK_PROMPT,
-                                    normalize_tools, parse_tool_calls, tool_choice_name)
+from dlm_backend.tool_calls import (CLOSE, NAME_HEAD, NAME_SLOTS, OPEN, fallback_messages, normalize_tools,
+                                    parse_tool_calls, tool_choice_name)
 
 
 def _text(content) -> str:
@@ -123,10 +123,9 @@ class Prepared:
             tools, forced = None, None
         messages = normalize_messages(request.messages)
         template = llm.tokenizer.chat_template or ""
-        if tools and "tools" not in template:           # e.g. LLaDA: describe the tools in a system turn
-            listing = "\n".join(json.dumps(t["function"]) for t in tools)
-            messages = [{"role": "system", "content": TOOL_FALLBACK_PROMPT.format(tools=listing)}] + messages
-            self.prompt_ids = llm.encode_chat(messages)
+        has_tool_turns = any(m["role"] == "tool" or m.get("tool_calls") for m in messages)
+        if (tools or has_tool_turns) and "tools" not in template:     # e.g. LLaDA: tools and calls as text
+            self.prompt_ids = llm.encode_chat(fallback_messages(messages, tools))
         else:
             self.prompt_ids = llm.encode_chat(messages, tools=tools)
         self.tools, self.json_plan, self.call_plan = tools, None, None

@@ -108,3 +108,34 @@ def tool_choice_name(tool_choice, tools: list[dict] | None) -> str | None | bool
 TOOL_FALLBACK_PROMPT = (
     "You can call these tools:\n{tools}\nTo call one, reply only with\n<tool_call>\n"
     '{{"name": <tool name>, "arguments": <JSON object>}}\n</tool_call>')
+
+
+def call_text(name: str, arguments: dict) -> str:
+    """One call as the model writes it."""
+    return f"{OPEN}\n{json.dumps({'name': name, 'arguments': arguments}, ensure_ascii=False)}\n{CLOSE}"
+
+
+def fallback_messages(messages: list[dict], tools: list[dict] | None) -> list[dict]:
+    """Messages for a chat template with no tool support (LLaDA's), with nothing of the tool turns lost.
+
+    The tool listing joins the first system turn (or opens one); earlier assistant calls are
+    written out as ``<tool_call>`` text, and tool results become user turns in Qwen's
+    ``<tool_response>`` wrapper, since such templates print unknown roles verbatim or drop fields.
+    """
+    out = []
+    for m in messages:
+        if m["role"] == "assistant" and m.get("tool_calls"):
+            calls = [call_text(c["function"]["name"], c["function"]["arguments"]) for c in m["tool_calls"]]
+            out.append({"role": "assistant", "content": "\n".join(([m["content"]] if m["content"] else []) + calls)})
+        elif m["role"] == "tool":
+            out.append({"role": "user", "content": f"<tool_response>\n{m['content']}\n</tool_response>"})
+        else:
+            out.append({"role": m["role"], "content": m["content"]})
+    if tools:
+        listing = TOOL_FALLBACK_PROMPT.format(tools="\n".join(json.dumps(t["function"]) for t in tools))
+        if out and out[0]["role"] == "system":
+            out[0] = {"role": "system", "content": f"{out[0]['content']}\n\n{listing}"}
+        else:
+            out.insert(0, {"role": "system", "content": listing})
+    return out
+

@@ -120,6 +120,24 @@ def test_template_without_tools_gets_a_tool_prompt(llada_chat):
     assert "get_weather" in text and "<tool_call>" in text
 
 
+def test_template_without_tools_keeps_the_tool_turns(llada_chat):
+    """An agent's second turn on LLaDA: its own call and the result must reach the prompt as text."""
+    llm = LLM(str(llada_chat))
+    messages = [{"role": "system", "content": "Be brief."},
+                {"role": "user", "content": "weather in Oslo?"},
+                {"role": "assistant", "content": "", "tool_calls": [
+                    {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]},
+                {"role": "tool", "tool_call_id": "c1", "content": "sunny, 21 C"}]
+    for tools in ([WEATHER], None):         # frameworks may drop the tools on the turn after the result
+        text = llm.tokenizer.decode(Prepared(llm, ChatRequest(messages, tools=tools)).prompt_ids,
+                                    skip_special_tokens=False)
+        assert text.count("system<|end_header_id|>") == 1 and "Be brief." in text
+        assert ("You can call these tools" in text) == bool(tools)
+        assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>' in text
+        assert "user<|end_header_id|>\n\n<tool_response>\nsunny, 21 C\n</tool_response>" in text
+        assert "tool<|end_header_id|>" not in text
+
+
 def test_forced_tool_choice_writes_the_whole_call(dream_chat):
     """A forced tool with templatable parameters is a skeleton: an untrained model's call parses."""
     llm = LLM(str(dream_chat))

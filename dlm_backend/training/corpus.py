@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from dlm_backend.training.entities import CATEGORIES, COLORS, JOBS, ANIMALS, SPORTS, WORDS, Entities
 from dlm_backend.training.tools_catalog import SCHEMAS, make_call
+from dlm_backend.tool_calls import call_text
 
 NOT_IN_CONTEXT = "The context does not say."
 IDENTITY = "I am dlm-tiny, a small diffusion language model."
@@ -33,10 +34,6 @@ class Example:
     def to_json(self) -> dict:
         return {"family": self.family, "messages": self.messages, "tools": self.tools, "target": self.target,
                 "expected": self.expected}
-
-
-def tool_call_text(name: str, arguments: dict) -> str:
-    return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"
 
 
 # -- grounded question answering ---------------------------------------------------------------
@@ -114,7 +111,7 @@ def tool_call(rng: random.Random, ent: Entities) -> Example:
     if rng.random() < 0.3:
         messages.insert(0, {"role": "system", "content": rng.choice(
             ["You are a helpful assistant with tools.", "Use the tools when they help.", "You are an agent."])})
-    return Example("tool_call", messages, tool_call_text(name, args), tools, {"name": name, "arguments": args})
+    return Example("tool_call", messages, call_text(name, args), tools, {"name": name, "arguments": args})
 
 
 def tool_result(rng: random.Random, ent: Entities) -> Example:
