@@ -126,9 +126,10 @@ def cmd_models(args) -> int:
 
 
 def cmd_plugins(args) -> int:
-    from dlm_backend.plugins import plugin_listing, registered_samplers
+    from dlm_backend.plugins import plugin_listing, registered_adapters, registered_samplers
 
-    print(json.dumps({"plugins": plugin_listing(), "samplers": sorted(registered_samplers())}, indent=2))
+    print(json.dumps({"plugins": plugin_listing(), "samplers": sorted(registered_samplers()),
+                      "adapters": registered_adapters()}, indent=2))
     return 0
 
 

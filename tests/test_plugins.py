@@ -6,6 +6,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from helpers import PARITY
 
 from dlm_backend import plugins
@@ -96,3 +98,29 @@ def test_in_process_plugin_registration():
     finally:
         plugins.pm.unregister(name="alias-plugin")
     assert "threshold_alias" not in plugins.registered_samplers()
+
+
+def test_adapters_are_registered_through_the_hook_and_load_on_use():
+    from dlm_backend import hookimpl
+    from dlm_backend.adapters import load_adapter
+    from dlm_backend.errors import DLMError
+
+    assert plugins.registered_adapters() == {
+        "langchain": "dlm_backend.adapters.langchain", "llamaindex": "dlm_backend.adapters.llamaindex",
+        "litellm": "dlm_backend.adapters.litellm", "openai-server": "dlm_backend.server"}
+    assert hasattr(load_adapter("langchain"), "ChatDLM") and hasattr(load_adapter("openai-server"), "create_app")
+
+    class ThirdParty:
+        @hookimpl
+        def register_adapters(self, register):
+            register("haystack", "haystack_dlm_missing")
+
+    plugins.pm.register(ThirdParty(), name="third-party-adapter")
+    try:
+        assert plugins.registered_adapters()["haystack"] == "haystack_dlm_missing"
+        with pytest.raises(DLMError, match=r'haystack adapter needs its framework: pip install "dlm_backend\[haystack\]"'):
+            load_adapter("haystack")
+    finally:
+        plugins.pm.unregister(name="third-party-adapter")
+    with pytest.raises(DLMError, match="Unknown adapter 'nope'; registered: langchain, litellm, llamaindex, openai-server"):
+        load_adapter("nope")
