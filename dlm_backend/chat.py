@@ -75,6 +75,12 @@ def normalize_messages(messages: list[dict]) -> list[dict]:
     return out
 
 
+#: Generate-and-validate for JSON that cannot be templated: this many extra samples, at this
+#: temperature unless the request set one, before the answer is returned with ``parsed=None``.
+JSON_RESAMPLES = 2
+RESAMPLE_TEMPERATURE = 0.7
+
+
 @dataclass
 class ChatRequest:
     """A chat call as every front door describes it (OpenAI conventions)."""
@@ -92,7 +98,7 @@ class ChatResult:
     tool_calls: list[dict]                  # OpenAI format: {id, type, function: {name, arguments: str}}
     finish_reason: str                      # stop | length | tool_calls | abort
     output: GenerationOutput
-    parsed: object = None                   # the decoded JSON for response_format requests
+    parsed: object = None                   # response_format: the JSON, None when it missed the schema
     # Calls the model wrote but that do not parse: {name (or None), arguments (raw text), error, text}.
     # Their text is also left in ``content`` (see tool_calls.parse_tool_calls).
     invalid_tool_calls: list[dict] = field(default_factory=list)
@@ -161,6 +167,21 @@ class Prepared:
         written = text[len(NAME_HEAD):].split('"')[0] if text.startswith(NAME_HEAD) else text
         self.force(nearest([t["function"]["name"] for t in self.tools], written.strip()))
 
+    @property
+    def attempts(self) -> list[SamplingParams]:
+        """The request's own params, then (generate-and-validate) fresh seeded samples for JSON that
+        has no skeleton: greedy decoding would only repeat an answer that failed the schema."""
+        params = self.request.params
+        if self.json_plan is None or self.json_plan.slots:
+            return [params]
+        seed = params.seed or 0
+        return [params] + [params.replace(temperature=params.temperature or RESAMPLE_TEMPERATURE, seed=seed + i)
+                           for i in range(1, JSON_RESAMPLES + 1)]
+
+    def retry(self, result: ChatResult) -> bool:
+        """Whether the answer missed its JSON schema (or did not parse) and another sample may help."""
+        return self.json_plan is not None and result.parsed is None
+
     def finish(self, output: GenerationOutput) -> ChatResult:
         text = output.text or ""
         if self.json_plan is not None:
@@ -182,18 +203,26 @@ def complete(llm, request: ChatRequest) -> ChatResult:
     """Run one chat request to the end."""
     prep = Prepared(llm, request)
     _pick(llm, prep)
-    out = llm.generate(prompt_token_ids=[prep.prompt_ids], sampling_params=request.params,
-                       response_template=prep.template)[0]
-    return prep.finish(out)
+    for params in prep.attempts:
+        out = llm.generate(prompt_token_ids=[prep.prompt_ids], sampling_params=params,
+                           response_template=prep.template)[0]
+        result = prep.finish(out)
+        if not prep.retry(result):
+            break
+    return result
 
 
 async def acomplete(llm, request: ChatRequest, prep: Prepared | None = None) -> ChatResult:
     """``complete`` without blocking the event loop (``prep``: the request already prepared)."""
     prep = prep or Prepared(llm, request)
     await _apick(llm, prep)
-    out = (await llm.agenerate(prompt_token_ids=[prep.prompt_ids], sampling_params=request.params,
-                               response_template=prep.template))[0]
-    return prep.finish(out)
+    for params in prep.attempts:
+        out = (await llm.agenerate(prompt_token_ids=[prep.prompt_ids], sampling_params=params,
+                                   response_template=prep.template))[0]
+        result = prep.finish(out)
+        if not prep.retry(result):
+            break
+    return result
 
 
 class _Splitter:
@@ -237,7 +266,9 @@ class _Splitter:
 
 
 def stream(llm, request: ChatRequest) -> Iterator[ChatDelta]:
-    """Content as it is committed, tool calls once complete, then the final result."""
+    """Content as it is committed, tool calls once complete, then the final result.
+
+    JSON without a skeleton is validated but not sampled again here: one stream, one answer."""
     prep = Prepared(llm, request)
     _pick(llm, prep)
     splitter = _Splitter(prep)

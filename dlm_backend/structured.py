@@ -5,7 +5,8 @@ quotes and punctuation are fixed tokens of the response template and each value 
 slots. Diffusion fills the slots with the whole skeleton in view, and each value is read from its
 slot up to its closing delimiter and coerced to the property's type, so the result always parses
 and has exactly the schema's keys and types. Other schemas (nested objects, arrays) and
-``json_object`` get a ``{"`` prefix and are validated after generation.
+``json_object`` get a ``{"`` prefix and are validated after generation (jsonschema); the chat
+layer samples again when the answer does not validate.
 
 Pieces are tokenised on the boundaries byte-level BPE uses for JSON (``{"``, ``":``, `` "``, ``",``),
 so the fixed tokens are the ones the model itself writes.
@@ -43,13 +44,34 @@ class JsonPlan:
     def parse(self, tokenizer, token_ids: list[int], text: str) -> tuple[object, str]:
         """(parsed value or None, JSON text)."""
         if not self.slots:
-            return loads_lenient(text), text
+            value = loads_lenient(text)
+            return (value if value is not None and self.matches(value) else None), text
         props = self.schema["properties"]
         out = {}
         for slot in self.slots:
             raw = tokenizer.decode(token_ids[slot.start:slot.end])
             out[slot.key] = _coerce(raw, slot.kind, _scalar(props[slot.key]))
         return out, json.dumps(out, ensure_ascii=False)
+
+
+    def matches(self, value) -> bool:
+        """Whether ``value`` validates against the schema (any JSON value does for ``json_object``)."""
+        if self.schema is None:
+            return True
+        import jsonschema
+
+        return jsonschema.validators.validator_for(self.schema)(self.schema).is_valid(value)
+
+
+def check_schema(schema: dict) -> None:
+    """A DLMError, before anything is generated, for a schema that is not valid JSON Schema."""
+    import jsonschema
+
+    try:
+        jsonschema.validators.validator_for(schema).check_schema(schema)
+    except jsonschema.exceptions.SchemaError as exc:
+        raise DLMError(f"response_format's JSON schema is not a valid schema: {exc.message}. "
+                       "Fix the schema (https://json-schema.org).") from None
 
 
 def _coerce(raw: str, kind: str, prop: dict):
@@ -123,6 +145,8 @@ def schema_of(response_format: dict) -> dict | None:
 def plan_json(tokenizer, response_format: dict, max_tokens: int) -> JsonPlan:
     """Skeleton template for a templatable schema, else a ``{"`` prefix."""
     schema = schema_of(response_format)
+    if schema is not None:
+        check_schema(schema)
     if schema is None or not templatable(schema):
         return JsonPlan(tokenizer.encode('{"'), schema)
     template, slots = _skeleton(tokenizer, schema)

@@ -254,6 +254,44 @@ def test_optional_properties_are_templated_as_their_type(dream_chat):
     assert text == deltas[-1].result.content and json.loads(text) == deltas[-1].result.parsed
 
 
+LIST_SCHEMA = {"type": "object", "properties": {"cities": {"type": "array", "items": {"type": "string"}}},
+               "required": ["cities"]}
+
+
+def test_json_without_skeleton_is_validated_against_the_schema(dream_chat):
+    llm = LLM(str(dream_chat))
+    plan = plan_json(llm.tokenizer, {"type": "json_schema", "json_schema": {"name": "l", "schema": LIST_SCHEMA}}, 32)
+    assert not plan.slots
+    assert plan.parse(llm.tokenizer, [], 'Sure: {"cities": ["Oslo", "Kyoto"]}') == (
+        {"cities": ["Oslo", "Kyoto"]}, 'Sure: {"cities": ["Oslo", "Kyoto"]}')
+    assert plan.parse(llm.tokenizer, [], '{"cities": "Oslo"}')[0] is None          # parses, misses the schema
+    assert plan.parse(llm.tokenizer, [], '{"cities": [')[0] is None
+    loose = plan_json(llm.tokenizer, {"type": "json_object"}, 32)
+    assert loose.parse(llm.tokenizer, [], '{"any": 1}')[0] == {"any": 1}
+    with pytest.raises(DLMError, match="not a valid schema: 'two' is not of type 'integer'"):
+        plan_json(llm.tokenizer, {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+            "type": "object", "properties": {"a": {"type": "array", "minItems": "two"}}}}}, 32)
+
+
+def test_json_that_misses_its_schema_is_sampled_again(dream_chat, monkeypatch):
+    """Generate-and-validate: the untrained model never writes a valid answer, so every attempt runs."""
+    llm = LLM(str(dream_chat))
+    seen = []
+    generate = llm.generate
+    monkeypatch.setattr(llm, "generate", lambda *a, **k: (seen.append(k["sampling_params"]), generate(*a, **k))[1])
+    fmt = {"type": "json_schema", "json_schema": {"name": "l", "schema": LIST_SCHEMA}}
+    result = complete(llm, ChatRequest([{"role": "user", "content": "cities"}], SamplingParams(max_tokens=24),
+                                       response_format=fmt))
+    assert result.parsed is None and result.content
+    assert [(p.temperature, p.seed) for p in seen] == [(0.0, None), (0.7, 1), (0.7, 2)]
+    seen.clear()
+    templated = {"type": "json_schema", "json_schema": {"name": "c", "schema": {
+        "type": "object", "properties": {"city": {"type": "string"}}}}}
+    assert complete(llm, ChatRequest([{"role": "user", "content": "city"}], SamplingParams(max_tokens=24),
+                                     response_format=templated)).parsed is not None
+    assert len(seen) == 1                                    # a skeleton always parses: one pass of the canvas
+
+
 def test_any_of_several_tools_async_and_streamed(dream_chat):
     """The name pass runs on every path: acomplete, stream and astream each end in one parsed call."""
     import asyncio
