@@ -191,6 +191,8 @@ class Prepared:
             args = self.call_plan.parse(self.llm.tokenizer, output.token_ids, text)[0] if self.call_plan.slots else {}
             content, calls, bad = "", [{"name": self.forced, "arguments": args}], []
         else:
+            # A well-formed call to a tool that was not offered stays a call, as vLLM's parsers
+            # return it: agents answer it ("not a valid tool, try one of ...") and the model retries.
             content, calls, bad = parse_tool_calls(text) if self.tools else (text, [], [])
         tool_calls = [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
                        "function": {"name": c["name"], "arguments": json.dumps(c["arguments"], ensure_ascii=False)}}

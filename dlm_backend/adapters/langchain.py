@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from operator import itemgetter
+from pathlib import Path
 from typing import Any, AsyncIterator, Iterator, Literal
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
@@ -24,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from dlm_backend import chat
 from dlm_backend.adapters.common import engine, sampling_params
-from dlm_backend.engine.loader import default_model
+from dlm_backend.engine.loader import context_length, default_model
 
 
 class ChatDLM(BaseChatModel):
@@ -83,9 +84,12 @@ class ChatDLM(BaseChatModel):
         return params
 
     def _resolve_model_profile(self):
-        return {"max_input_tokens": 2048, "max_output_tokens": 1024, "tool_calling": True,
-                "tool_choice": True, "tool_call_streaming": True, "structured_output": True,
-                "text_inputs": True, "text_outputs": True}
+        profile = {"tool_calling": True, "tool_choice": True, "tool_call_streaming": True,
+                   "structured_output": True, "text_inputs": True, "text_outputs": True}
+        if Path(self.model_name).is_dir():       # a hub id's window is known once it is fetched, not here
+            # prompt and canvas share the window: either may take nearly all of it
+            profile["max_input_tokens"] = profile["max_output_tokens"] = context_length(self.model_name)
+        return profile
 
     def get_token_ids(self, text: str) -> list[int]:
         return engine(self.model, self.device).tokenizer.encode(text)

@@ -21,7 +21,7 @@ from litellm.types.utils import Choices, GenericStreamingChunk, Message, ModelRe
 
 from dlm_backend import chat
 from dlm_backend.adapters.common import KNOBS, engine, sampling_params
-from dlm_backend.engine.loader import EMBEDDED_MODEL
+from dlm_backend.engine.loader import EMBEDDED_MODEL, context_length
 
 PROVIDER = "dlm"
 DEFAULT_ALIASES = ("default", "dlm-tiny")
@@ -112,7 +112,8 @@ def register() -> None:
     entries = litellm.custom_provider_map or []
     if not any(e.get("provider") == PROVIDER for e in entries):
         litellm.custom_provider_map = [*entries, {"provider": PROVIDER, "custom_handler": provider}]
-    capabilities = {"max_input_tokens": 2048, "max_output_tokens": 1024, "litellm_provider": PROVIDER,
+    window = context_length(str(EMBEDDED_MODEL)) if EMBEDDED_MODEL.is_dir() else None   # 2048, its config.json
+    capabilities = {"max_input_tokens": window, "max_output_tokens": window, "litellm_provider": PROVIDER,
                     "mode": "chat", "supports_function_calling": True, "supports_tool_choice": True,
                     "supports_response_schema": True, "input_cost_per_token": 0.0, "output_cost_per_token": 0.0}
     litellm.register_model({f"{PROVIDER}/{alias}": dict(capabilities) for alias in DEFAULT_ALIASES})

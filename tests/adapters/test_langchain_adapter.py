@@ -43,3 +43,29 @@ def test_a_malformed_call_is_an_invalid_tool_call_not_a_silent_empty_message():
     assert msg.tool_calls == [] and msg.content == text
     assert [(c["name"], c["args"]) for c in msg.invalid_tool_calls] == [("get_weather", bad[0]["arguments"])]
     assert msg.invalid_tool_calls[0]["error"].startswith("malformed tool call")
+
+
+def get_weather(city: str) -> str:
+    """Get the weather in a city."""
+    return "sunny"
+
+
+def test_constructor_loads_no_weights_and_the_profile_comes_from_config(dream_chat):
+    import dlm_backend.engine.llm as llm_mod
+    before = len(llm_mod._shared)
+    model = ChatDLM(model=str(dream_chat) + "/", max_tokens=16)
+    assert len(llm_mod._shared) == before
+    assert model.profile["max_input_tokens"] == 512 and model.profile["tool_calling"]   # dream-tiny's config.json
+
+
+def test_tool_choice_none_and_forced_streams(dream_chat):
+    model = ChatDLM(model=str(dream_chat), max_tokens=96, block_length=16)
+    none = model.bind_tools([get_weather], tool_choice="none").invoke("weather in Oslo?")
+    assert none.tool_calls == [] and none.invalid_tool_calls == []
+    chunks = list(model.bind_tools([get_weather], tool_choice="get_weather").stream("weather in Oslo?"))
+    calls = [c for chunk in chunks for c in chunk.tool_call_chunks]
+    assert [c["name"] for c in calls] == ["get_weather"]            # a forced call is a skeleton: it parses
+    merged = chunks[0]
+    for chunk in chunks[1:]:
+        merged += chunk
+    assert merged.tool_calls[0]["name"] == "get_weather" and set(merged.tool_calls[0]["args"]) == {"city"}

@@ -51,3 +51,19 @@ def test_forced_tool_call_reaches_the_engine(dream_chat):
     assert r.choices[0].finish_reason == "tool_calls"       # the forced call is a skeleton: it always parses
     call = r.choices[0].message.tool_calls[0]
     assert call.function.name == "get_time" and call.function.arguments == "{}"
+
+
+def test_streamed_tool_call(dream_chat):
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}}}}]
+    kwargs = dict(model=f"dlm/{dream_chat}", messages=[{"role": "user", "content": "weather?"}], tools=tools,
+                  tool_choice={"type": "function", "function": {"name": "get_weather"}}, max_tokens=96,
+                  block_length=16, stream=True)
+    for chunks in (list(litellm.completion(**kwargs)),
+                   asyncio.run(_collect(litellm.acompletion(**kwargs)))):
+        calls = [tc for c in chunks for tc in (c.choices[0].delta.tool_calls or [])]
+        assert [tc.function.name for tc in calls] == ["get_weather"], chunks
+
+
+async def _collect(response):
+    return [c async for c in await response]

@@ -60,3 +60,17 @@ def test_tool_plumbing(dream_chat):
         llm.get_tool_calls_from_response(ChatResponse(message=ChatMessage(role=MessageRole.ASSISTANT, content="x")))
     assert llm.get_tool_calls_from_response(
         ChatResponse(message=ChatMessage(role=MessageRole.ASSISTANT, content="x")), error_on_no_tool_call=False) == []
+
+
+def test_structured_predict_returns_the_model_class(dream_chat):
+    from llama_index.core.prompts import PromptTemplate
+    from pydantic import BaseModel
+
+    class Person(BaseModel):
+        name: str
+        age: int
+
+    llm = DLM(model=str(dream_chat), max_tokens=128, block_length=16)
+    person = llm.structured_predict(Person, PromptTemplate("Extract the person: {text}"), text="Bob is 3.")
+    assert isinstance(person, Person)                         # a forced call's skeleton: always this shape
+    assert isinstance(asyncio.run(llm.astructured_predict(Person, PromptTemplate("{text}"), text="Ann, 40")), Person)

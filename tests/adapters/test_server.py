@@ -64,3 +64,21 @@ def test_bad_requests_are_400_with_a_message(client):
         client.chat.completions.create(model="tiny", messages=[])
     with pytest.raises(openai.BadRequestError, match="context"):
         client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x " * 600}])
+
+
+WEATHER = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+
+
+def test_tool_calls_over_sse_and_tool_choice_none(client):
+    kwargs = dict(model="tiny", messages=[{"role": "user", "content": "weather in Oslo?"}], tools=WEATHER,
+                  max_tokens=96, extra_body={"block_length": 16})
+    chunks = list(client.chat.completions.create(
+        stream=True, tool_choice={"type": "function", "function": {"name": "get_weather"}}, **kwargs))
+    calls = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
+    assert [tc.function.name for tc in calls] == ["get_weather"]
+    import json
+    assert set(json.loads(calls[0].function.arguments)) == {"city"}
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["tool_calls"]
+    r = client.chat.completions.create(tool_choice="none", **kwargs)
+    assert r.choices[0].message.tool_calls is None and r.choices[0].finish_reason in ("stop", "length")
