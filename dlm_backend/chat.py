@@ -8,6 +8,7 @@ tools, tool_choice, response_format, sampling parameters) and get back a :class:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import uuid
 from dataclasses import dataclass, field
@@ -86,7 +87,7 @@ class ChatRequest:
     """A chat call as every front door describes it (OpenAI conventions)."""
 
     messages: list[dict]
-    params: SamplingParams = field(default_factory=SamplingParams)
+    params: SamplingParams | None = None        # None: the checkpoint's defaults (llm.sampling_params())
     tools: list[dict] | None = None
     tool_choice: object = None
     response_format: dict | None = None
@@ -102,10 +103,19 @@ class ChatResult:
     # Calls the model wrote but that do not parse: {name (or None), arguments (raw text), error, text}.
     # Their text is also left in ``content`` (see tool_calls.parse_tool_calls).
     invalid_tool_calls: list[dict] = field(default_factory=list)
+    # Generations spent before ``output``: a tool_choice "any" name pass, JSON attempts that missed.
+    earlier: list[GenerationOutput] = field(default_factory=list)
 
     @property
     def usage(self) -> dict:
-        return self.output.usage
+        """Tokens of every generation the answer took (as billed: each attempt reads the prompt)."""
+        outs = [*self.earlier, self.output]
+        prompt, completion = sum(o.num_prompt_tokens for o in outs), sum(o.num_generated_tokens for o in outs)
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+    @property
+    def num_forward_passes(self) -> int:
+        return sum(o.num_forward_passes for o in [*self.earlier, self.output])
 
 
 @dataclass
@@ -122,7 +132,10 @@ class Prepared:
     """The engine-level form of a ChatRequest: prompt ids, a response template, how to finish."""
 
     def __init__(self, llm, request: ChatRequest):
+        if request.params is None:
+            request = dataclasses.replace(request, params=llm.sampling_params())
         self.llm, self.request = llm, request
+        self.spent: list[GenerationOutput] = []      # generations before the answer
         tools = normalize_tools(request.tools)
         forced = tool_choice_name(request.tool_choice, tools)
         if forced == "none":
@@ -186,7 +199,7 @@ class Prepared:
         text = output.text or ""
         if self.json_plan is not None:
             parsed, content = self.json_plan.parse(self.llm.tokenizer, output.token_ids, text)
-            return ChatResult(content, [], output.finish_reason, output, parsed)
+            return ChatResult(content, [], output.finish_reason, output, parsed, earlier=list(self.spent))
         if self.call_plan is not None:       # the skeleton holds the call; read the argument slots
             args = self.call_plan.parse(self.llm.tokenizer, output.token_ids, text)[0] if self.call_plan.slots else {}
             content, calls, bad = "", [{"name": self.forced, "arguments": args}], []
@@ -198,7 +211,7 @@ class Prepared:
                        "function": {"name": c["name"], "arguments": json.dumps(c["arguments"], ensure_ascii=False)}}
                       for c in calls]
         reason = "tool_calls" if tool_calls else output.finish_reason
-        return ChatResult(content, tool_calls, reason, output, invalid_tool_calls=bad)
+        return ChatResult(content, tool_calls, reason, output, invalid_tool_calls=bad, earlier=list(self.spent))
 
 
 def complete(llm, request: ChatRequest) -> ChatResult:
@@ -211,6 +224,7 @@ def complete(llm, request: ChatRequest) -> ChatResult:
         result = prep.finish(out)
         if not prep.retry(result):
             break
+        prep.spent.append(out)
     return result
 
 
@@ -224,6 +238,7 @@ async def acomplete(llm, request: ChatRequest, prep: Prepared | None = None) -> 
         result = prep.finish(out)
         if not prep.retry(result):
             break
+        prep.spent.append(out)
     return result
 
 
@@ -274,7 +289,7 @@ def stream(llm, request: ChatRequest) -> Iterator[ChatDelta]:
     prep = Prepared(llm, request)
     _pick(llm, prep)
     splitter = _Splitter(prep)
-    for chunk in llm.stream(prompt_token_ids=prep.prompt_ids, sampling_params=request.params,
+    for chunk in llm.stream(prompt_token_ids=prep.prompt_ids, sampling_params=prep.request.params,
                             response_template=prep.template):
         yield from splitter.feed(chunk.delta_text)
         if chunk.finished:
@@ -286,7 +301,7 @@ async def astream(llm, request: ChatRequest, prep: Prepared | None = None) -> As
     prep = prep or Prepared(llm, request)
     await _apick(llm, prep)
     splitter = _Splitter(prep)
-    async for chunk in llm.astream(prompt_token_ids=prep.prompt_ids, sampling_params=request.params,
+    async for chunk in llm.astream(prompt_token_ids=prep.prompt_ids, sampling_params=prep.request.params,
                                    response_template=prep.template):
         for event in splitter.feed(chunk.delta_text):
             yield event
@@ -298,12 +313,15 @@ async def astream(llm, request: ChatRequest, prep: Prepared | None = None) -> As
 def _pick(llm, prep: Prepared) -> None:
     """tool_choice "any" over several tools: the name pass, then the chosen tool's skeleton."""
     if prep.choosing:
-        prep.pick_tool(llm.generate(prompt_token_ids=[prep.prompt_ids], sampling_params=prep.name_pass,
-                                    response_template=prep.template)[0].text)
+        out = llm.generate(prompt_token_ids=[prep.prompt_ids], sampling_params=prep.name_pass,
+                           response_template=prep.template)[0]
+        prep.spent.append(out)
+        prep.pick_tool(out.text)
 
 
 async def _apick(llm, prep: Prepared) -> None:
     if prep.choosing:
         out = (await llm.agenerate(prompt_token_ids=[prep.prompt_ids], sampling_params=prep.name_pass,
                                    response_template=prep.template))[0]
+        prep.spent.append(out)
         prep.pick_tool(out.text)

@@ -20,13 +20,13 @@ def _add_model_args(p: argparse.ArgumentParser, positional: bool = True) -> None
 
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-tokens", type=int, default=128)
-    # Unset decoding knobs take the checkpoint's defaults (generation_config.json), then the
-    # adapters' serving defaults: threshold 0.9, blocks of 32, the dual cache.
-    p.add_argument("--sampler", default=None, help="see `dlm plugins` for the registered ones (default: threshold)")
-    p.add_argument("--block-length", type=int, default=None)
-    p.add_argument("--steps", type=int, default=None)
-    p.add_argument("--threshold", type=float, default=None, help="default 0.9")
-    p.add_argument("--cache", default=None, choices=["none", "prefix", "dual"])
+    # Unset decoding knobs take the checkpoint's defaults (generation_config.json's dlm_sampling).
+    model_default = "default: the checkpoint's generation_config.json dlm_sampling, else "
+    p.add_argument("--sampler", default=None, help=f"see `dlm plugins` ({model_default}threshold)")
+    p.add_argument("--block-length", type=int, default=None, help=f"{model_default}the sampler's own")
+    p.add_argument("--steps", type=int, default=None, help="llada/dream passes (default: one token per pass)")
+    p.add_argument("--threshold", type=float, default=None, help=f"threshold rule ({model_default}0.9)")
+    p.add_argument("--cache", default=None, choices=["none", "prefix", "dual"], help=f"KV cache ({model_default}dual)")
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
@@ -37,7 +37,7 @@ def _params(args, llm):
 
     given = {k: getattr(args, k) for k in ("max_tokens", "sampler", "block_length", "steps", "threshold",
                                            "cache", "temperature", "seed", "stop")}
-    return sampling_params(llm, {}, given)
+    return sampling_params(llm, {}, given, serving={"cache": "dual"})
 
 
 def _llm(args):

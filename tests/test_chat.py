@@ -284,6 +284,10 @@ def test_json_that_misses_its_schema_is_sampled_again(dream_chat, monkeypatch):
                                        response_format=fmt))
     assert result.parsed is None and result.content
     assert [(p.temperature, p.seed) for p in seen] == [(0.0, None), (0.7, 1), (0.7, 2)]
+    outs = [result.output, *result.earlier]                  # usage and passes count every attempt
+    assert len(outs) == 3 and result.num_forward_passes == sum(o.num_forward_passes for o in outs)
+    assert result.usage["completion_tokens"] == sum(len(o.token_ids) for o in outs)
+    assert result.usage["prompt_tokens"] == 3 * len(result.output.prompt_token_ids)
     seen.clear()
     templated = {"type": "json_schema", "json_schema": {"name": "c", "schema": {
         "type": "object", "properties": {"city": {"type": "string"}}}}}

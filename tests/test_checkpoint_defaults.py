@@ -26,8 +26,8 @@ def test_checkpoint_defaults_read_and_validated():
     assert checkpoint_defaults({}) == {}
     assert checkpoint_defaults({"dlm_sampling": {"block_length": 4, "cache": "prefix"}}) == {
         "block_length": 4, "cache": "prefix"}
-    with pytest.raises(SamplingParamsError, match="has max_tokens, seed, which a checkpoint cannot set. Allowed:"):
-        checkpoint_defaults({"dlm_sampling": {"seed": 1, "max_tokens": 9}})
+    with pytest.raises(SamplingParamsError, match="has max_tokens, seed, steps, which a checkpoint cannot set"):
+        checkpoint_defaults({"dlm_sampling": {"seed": 1, "max_tokens": 9, "steps": 4}})
     with pytest.raises(SamplingParamsError, match="gen.json: 'dlm_sampling' is invalid.*cache must be one of"):
         checkpoint_defaults({"dlm_sampling": {"cache": "paged"}}, "gen.json")
     with pytest.raises(SamplingParamsError, match="must be an object"):
@@ -36,7 +36,10 @@ def test_checkpoint_defaults_read_and_validated():
 
 def test_bad_checkpoint_defaults_fail_at_load(tmp_path):
     with pytest.raises(SamplingParamsError, match="generation_config.json.*block_length must be"):
-        LLM(_with_defaults(tmp_path, {"block_length": 0})).engine
+        LLM(_with_defaults(tmp_path / "a", {"block_length": 0})).engine
+    with pytest.raises(SamplingParamsError, match="generation_config.json: 'dlm_sampling' names sampler 'treshold', "
+                                                  "which is not registered. Registered samplers: dream"):
+        LLM(_with_defaults(tmp_path / "b", {"sampler": "treshold"})).engine
 
 
 def test_layers_serving_then_checkpoint_then_fields_then_call(tmp_path):
@@ -54,6 +57,19 @@ def test_layers_serving_then_checkpoint_then_fields_then_call(tmp_path):
     assert (p.block_length, p.cache, p.threshold) == (8, "dual", 0.8)
 
 
+def test_another_sampler_drops_the_checkpoint_defaults_and_cfg_gets_its_cache(tmp_path):
+    llm = LLM(_with_defaults(tmp_path, {"sampler": "threshold", "block_length": 4, "cache": "prefix", "threshold": 0.8}))
+    assert llm.sampling_params(sampler="dream") == SamplingParams(sampler="dream")     # dream's whole-canvas block
+    p = sampling_params(llm, {}, {"sampler": "llada"})
+    assert (p.sampler, p.block_length, p.cache, p.threshold) == ("llada", 32, "dual", 0.9)
+    p = sampling_params(llm, {"sampler": "threshold"}, {})
+    assert (p.block_length, p.cache, p.threshold) == (4, "prefix", 0.8)
+    assert llm.sampling_params(sampler="llada", cfg_scale=1.0).cache == "none"        # CFG recomputes the canvas
+    assert sampling_params(llm, {}, {"cfg_scale": 1.0}).cache == "none"
+    with pytest.raises(SamplingParamsError, match="cfg_scale > 0 needs cache='none'"):
+        llm.sampling_params(cfg_scale=1.0, cache="dual")                               # the caller's own choice
+
+
 def test_llm_methods_without_params_use_the_checkpoint_defaults(tmp_path, monkeypatch):
     llm = LLM(_with_defaults(tmp_path, {"sampler": "llada", "block_length": 4}))
     submitted = []
@@ -66,6 +82,17 @@ def test_llm_methods_without_params_use_the_checkpoint_defaults(tmp_path, monkey
     assert out.num_forward_passes == 128      # llada, one token per pass over the 128-slot canvas
     llm.generate(prompt_token_ids=[[1, 2]], sampling_params=SamplingParams(max_tokens=8))
     assert (submitted[-1].sampler, submitted[-1].block_length) == ("threshold", None)   # by hand: as given
+
+
+def test_a_chat_request_without_params_uses_the_checkpoint_defaults(dream_chat, tmp_path):
+    from dlm_backend.chat import ChatRequest, Prepared
+
+    folder = tmp_path / "dream"
+    shutil.copytree(dream_chat, folder)
+    config = json.loads((folder / "generation_config.json").read_text())
+    (folder / "generation_config.json").write_text(json.dumps({**config, "dlm_sampling": {"block_length": 8}}))
+    prep = Prepared(LLM(str(folder)), ChatRequest([{"role": "user", "content": "hi"}]))
+    assert prep.request.params.block_length == 8
 
 
 def test_shipped_model_names_its_defaults():

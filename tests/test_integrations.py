@@ -4,10 +4,10 @@ Each scenario runs once (module fixtures). One test per scenario asserts what th
 model: the framework's loop completes, tool calls parse into the framework's own objects, streams
 and usage arrive, retrieval finds the passage. Further tests assert the right answers. Those that
 need the model to copy an unseen name or number from its prompt (the RAG answer, the tool calls and
-their arguments, the agents' final replies) pass, as does the LiteLLM scenarios'
-streamed sum ("12 + 30") at dlm-tiny's own decoding defaults. The OpenAI-client scenario's sort
-("9, 4, 7") needs a skill dlm-tiny lacks; it stays ``xfail`` with the measured reason (issue 3,
-docs/dlm-tiny/findings.md) and reports XPASS the day the model gets it right.
+their arguments, the agents' final replies) pass. Two answers need skills dlm-tiny lacks: the
+LiteLLM scenarios stream a sum ("12 + 30") and the OpenAI-client one a sort ("9, 4, 7"). Those
+stay ``xfail`` with the measured reason (issue 3, docs/dlm-tiny/findings.md): one sum is right at
+the model's own defaults (XPASS) but is a 25% skill, and the sort is wrong.
 """
 
 import importlib
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import WEAK_AT_LISTS
+from helpers import WEAK_AT_ARITHMETIC, WEAK_AT_LISTS
 
 ROOT = Path(__file__).resolve().parents[1] / "integrations"
 
@@ -123,8 +123,7 @@ def test_litellm_calls_the_right_tool(litellm_out):
     assert_called(litellm_out["tool_call"], "get_time", '"Oslo"')
 
 
-# One sum: dlm-tiny writes "42" at its own defaults (threshold 0.95, block 4), "62" at block 16 and
-# 32; held-out arithmetic is 25% (docs/dlm-tiny/findings.md), so a new model may need the xfail back.
+@WEAK_AT_ARITHMETIC
 def test_litellm_streamed_sum_is_right(litellm_out):
     assert litellm_out["streamed"].strip() == "42"
 
@@ -158,6 +157,7 @@ def test_litellm_proxy_calls_the_right_tool(proxy_out):
     assert_called(proxy_out["tool_call"], "get_time", '"Oslo"')
 
 
+@WEAK_AT_ARITHMETIC
 def test_litellm_proxy_streamed_sum_is_right(proxy_out):
     assert proxy_out["streamed"].strip() == "42"
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dlm_backend.engine.llm import LLM
-from dlm_backend.engine.params import SamplingParams
+from dlm_backend.engine.params import SamplingParams, layered
 
 #: SamplingParams fields a framework call may pass as extra keyword arguments (``kv_cache`` = ``cache``).
 KNOBS = ("kv_cache", "sampler", "steps", "block_length", "threshold", "factor", "gamma", "cache", "remasking", "alg",
@@ -15,21 +15,20 @@ KNOBS = ("kv_cache", "sampler", "steps", "block_length", "threshold", "factor", 
 SERVING_DEFAULTS = {"max_tokens": 256, "block_length": 32, "cache": "dual"}
 
 
-def sampling_params(llm: LLM, fields: dict, overrides: dict) -> SamplingParams:
+def sampling_params(llm: LLM, fields: dict, overrides: dict, serving: dict = SERVING_DEFAULTS) -> SamplingParams:
     """SamplingParams for one framework call.
 
-    Later layers win: :data:`SERVING_DEFAULTS`, the checkpoint's own decoding defaults (its
-    ``generation_config.json``), the adapter's fields (``fields``, ``None`` = not set), then the
-    call's keyword arguments (``overrides``).
+    Later layers win: ``serving`` (:data:`SERVING_DEFAULTS`), the checkpoint's own decoding defaults
+    (its ``generation_config.json``; dropped when the call picks another sampler), the adapter's
+    fields (``fields``, ``None`` = not set), then the call's keyword arguments (``overrides``).
     """
-    values = {**SERVING_DEFAULTS, **llm.engine.sampling_defaults}
-    values.update(_knobs(fields))
+    values = _knobs(fields)
     values.update(_knobs(overrides))
     if "gen_length" in overrides:          # LLaDA's name for the canvas size
         values["max_tokens"] = overrides["gen_length"]
     if isinstance(values.get("stop"), str):
         values["stop"] = [values["stop"]]
-    return SamplingParams(**values)
+    return SamplingParams(**layered(llm.engine.sampling_defaults, values, serving))
 
 
 def _knobs(given: dict) -> dict:

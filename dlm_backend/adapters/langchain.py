@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from dlm_backend import chat
 from dlm_backend.adapters.common import engine, sampling_params
 from dlm_backend.engine.loader import context_length, default_model
+from dlm_backend.errors import DLMError
 
 
 class ChatDLM(BaseChatModel):
@@ -87,8 +88,11 @@ class ChatDLM(BaseChatModel):
         profile = {"tool_calling": True, "tool_choice": True, "tool_call_streaming": True,
                    "structured_output": True, "text_inputs": True, "text_outputs": True}
         if Path(self.model_name).is_dir():       # a hub id's window is known once it is fetched, not here
-            # prompt and canvas share the window: either may take nearly all of it
-            profile["max_input_tokens"] = profile["max_output_tokens"] = context_length(self.model_name)
+            try:
+                # prompt and canvas share the window: either may take nearly all of it
+                profile["max_input_tokens"] = profile["max_output_tokens"] = context_length(self.model_name)
+            except (DLMError, KeyError, ValueError):
+                pass                          # a broken config.json is reported when the model loads
         return profile
 
     def get_token_ids(self, text: str) -> list[int]:
@@ -233,4 +237,4 @@ def _usage(result: chat.ChatResult) -> UsageMetadata:
 
 def _metadata(result: chat.ChatResult, model: str) -> dict:
     return {"model_name": model, "model_provider": "dlm", "finish_reason": result.finish_reason,
-            "num_forward_passes": result.output.num_forward_passes}
+            "num_forward_passes": result.num_forward_passes}

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 from typing import Any, AsyncIterator, Iterator
 
 import litellm
@@ -21,15 +22,16 @@ from litellm.types.utils import Choices, GenericStreamingChunk, Message, ModelRe
 
 from dlm_backend import chat
 from dlm_backend.adapters.common import KNOBS, engine, sampling_params
-from dlm_backend.engine.loader import EMBEDDED_MODEL, context_length
+from dlm_backend.engine.loader import EMBEDDED_MODEL, context_length, default_model
 
 PROVIDER = "dlm"
-DEFAULT_ALIASES = ("default", "dlm-tiny")
+#: ``dlm/default`` is ``$DLM_MODEL`` (else dlm-tiny); ``dlm/dlm-tiny`` is always the embedded model.
+ALIASES = {"default": None, "dlm-tiny": str(EMBEDDED_MODEL)}
 
 
 def _model_path(model: str) -> str | None:
     name = model.split("/", 1)[1] if model.startswith(PROVIDER + "/") else model
-    return None if name in DEFAULT_ALIASES else name
+    return ALIASES.get(name, name)
 
 
 def _request(model: str, messages: list, optional_params: dict) -> tuple:
@@ -112,11 +114,17 @@ def register() -> None:
     entries = litellm.custom_provider_map or []
     if not any(e.get("provider") == PROVIDER for e in entries):
         litellm.custom_provider_map = [*entries, {"provider": PROVIDER, "custom_handler": provider}]
-    window = context_length(str(EMBEDDED_MODEL)) if EMBEDDED_MODEL.is_dir() else None   # 2048, its config.json
-    capabilities = {"max_input_tokens": window, "max_output_tokens": window, "litellm_provider": PROVIDER,
-                    "mode": "chat", "supports_function_calling": True, "supports_tool_choice": True,
-                    "supports_response_schema": True, "input_cost_per_token": 0.0, "output_cost_per_token": 0.0}
-    litellm.register_model({f"{PROVIDER}/{alias}": dict(capabilities) for alias in DEFAULT_ALIASES})
+    capabilities = {"litellm_provider": PROVIDER, "mode": "chat", "supports_function_calling": True,
+                    "supports_tool_choice": True, "supports_response_schema": True,
+                    "input_cost_per_token": 0.0, "output_cost_per_token": 0.0}
+    models = {}
+    for alias, path in ALIASES.items():
+        folder = Path(path or default_model())
+        # the window from config.json (dlm-tiny: 2048); a hub id's is unknown until it is fetched
+        n = context_length(str(folder)) if folder.is_dir() else None
+        window = {"max_input_tokens": n, "max_output_tokens": n} if n else {}
+        models[f"{PROVIDER}/{alias}"] = {**capabilities, **window}
+    litellm.register_model(models)
 
 
 register()

@@ -74,7 +74,7 @@ class DLM(FunctionCallingLLM):
                                  tool_kwargs=json.loads(c["function"]["arguments"])) for c in result.tool_calls]
         message = ChatMessage(role=MessageRole.ASSISTANT, blocks=blocks or [TextBlock(text="")])
         raw = {"usage": result.usage, "finish_reason": result.finish_reason,
-               "num_forward_passes": result.output.num_forward_passes}
+               "num_forward_passes": result.num_forward_passes}
         return ChatResponse(message=message, raw=raw)
 
     @llm_chat_callback()

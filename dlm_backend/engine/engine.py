@@ -73,6 +73,11 @@ class LLMEngine:
         self.runner = ModelRunner(model, self.device, self.dtype, self.tokens)
         self.scheduler = Scheduler(config.max_num_seqs, config.max_num_batched_tokens, model.logits_shift)
         self.samplers: dict[str, Sampler] = {name: cls() for name, cls in registered_samplers().items()}
+        if self.sampling_defaults.get("sampler", "threshold") not in self.samplers:
+            raise SamplingParamsError(
+                f"{self.folder / 'generation_config.json'}: 'dlm_sampling' names sampler "
+                f"{self.sampling_defaults['sampler']!r}, which is not registered. Registered samplers: "
+                f"{', '.join(sorted(self.samplers))}.")
         self._texts: dict[int, str] = {}     # seq_id -> text already emitted
         self.stats = EngineStats()
 

@@ -11,17 +11,27 @@ from dlm_backend.engine.engine import EngineConfig, LLMEngine
 from dlm_backend.engine.loader import default_model
 from dlm_backend.engine.loop import EngineLoop
 from dlm_backend.engine.outputs import GenerationOutput, StreamChunk
-from dlm_backend.engine.params import SamplingParams
+from dlm_backend.engine.params import SamplingParams, layered
 from dlm_backend.errors import DLMError, EngineError, TokenizerError
 
 _shared: dict[tuple, EngineLoop] = {}
+_loading: dict[tuple, threading.Lock] = {}
 _shared_lock = threading.Lock()
 
 
 def _engine_loop(config: EngineConfig) -> EngineLoop:
-    """One engine per (model, device, dtype, limits) in the process, shared by every front door."""
+    """One engine per (model, device, dtype, limits) in the process, shared by every front door.
+
+    Each model loads under its own lock, so requests for a model already loaded never wait while
+    another one loads (tens of seconds for an 8B checkpoint).
+    """
     key = tuple(vars(config).values())
+    loop = _shared.get(key)
+    if loop is not None:
+        return loop
     with _shared_lock:
+        lock = _loading.setdefault(key, threading.Lock())
+    with lock:
         loop = _shared.get(key)
         if loop is None:
             loop = _shared[key] = EngineLoop(LLMEngine(config))
@@ -58,12 +68,13 @@ class LLM:
         return self.engine.tokenizer
 
     def sampling_params(self, **changes) -> SamplingParams:
-        """The checkpoint's decoding defaults (its ``generation_config.json``) with ``changes`` applied.
+        """The checkpoint's decoding defaults (its ``generation_config.json``) with ``changes`` applied
+        (naming another sampler than the checkpoint's drops them; see :func:`params.layered`).
 
         Every method here uses ``sampling_params()`` when given no SamplingParams; a SamplingParams
         built by hand is used as it is.
         """
-        return SamplingParams(**{**self.engine.sampling_defaults, **changes})
+        return SamplingParams(**layered(self.engine.sampling_defaults, changes))
 
     # -- prompts ------------------------------------------------------------------------------
 

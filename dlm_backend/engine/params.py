@@ -13,8 +13,8 @@ DREAM_ALGS = ("origin", "maskgit_plus", "topk_margin", "entropy")
 #: The key of ``generation_config.json`` under which a checkpoint names its own decoding defaults.
 CHECKPOINT_DEFAULTS_KEY = "dlm_sampling"
 #: What a checkpoint may set there: how it is decoded, not what the caller asks for (length, stops,
-#: temperature and seed stay the caller's).
-CHECKPOINT_KNOBS = ("sampler", "block_length", "steps", "cache", "threshold", "factor", "gamma", "remasking",
+#: temperature and seed stay the caller's; so does ``steps``, which only means something per length).
+CHECKPOINT_KNOBS = ("sampler", "block_length", "cache", "threshold", "factor", "gamma", "remasking",
                     "alg", "alg_temp", "eps")
 
 
@@ -123,4 +123,19 @@ def checkpoint_defaults(generation_config: dict, source: str = "generation_confi
     except SamplingParamsError as exc:
         raise SamplingParamsError(f"{source}: {CHECKPOINT_DEFAULTS_KEY!r} is invalid. {exc}") from None
     return dict(given)
+
+
+def layered(checkpoint: dict, given: dict, base: dict | None = None) -> dict:
+    """SamplingParams fields from ``base``, then the checkpoint's defaults, then what the caller gave.
+
+    The checkpoint's defaults describe one decoding set-up (its sampler's block, cache and
+    threshold), so they are dropped when the caller picks another sampler. A caller's
+    ``cfg_scale > 0`` with no cache of its own gets ``cache="none"``, which CFG needs.
+    """
+    sampler = given.get("sampler")
+    own = checkpoint if sampler is None or sampler == checkpoint.get("sampler", sampler) else {}
+    values = {**(base or {}), **own, **given}
+    if (values.get("cfg_scale") or 0) > 0 and "cache" not in given:
+        values["cache"] = "none"
+    return values
 

@@ -147,7 +147,7 @@ def create_app(model: str | None = None, served_name: str | None = None, device:
             message["tool_calls"] = result.tool_calls
         return {"id": rid, "object": "chat.completion", "created": created, "model": name,
                 "choices": [{"index": 0, "message": message, "finish_reason": result.finish_reason}],
-                "usage": result.usage, "dlm": {"num_forward_passes": result.output.num_forward_passes}}
+                "usage": result.usage, "dlm": {"num_forward_passes": result.num_forward_passes}}
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, http: Request):

@@ -1,115 +1,128 @@
 """The first async call for a model loads its weights in a worker thread, never on the event loop.
 
-Loading is made slow (0.6 s) so that a load on the loop would show as a gap between the ticks of
-a task that runs beside the call; an 8B checkpoint takes tens of seconds. Each test first makes
-the same call on a model already loaded, so the framework's own first-call work (imports, tracer
-set-up: up to 0.4 s for LangChain) is not counted.
+An 8B checkpoint takes tens of seconds to load; on the loop that would stall every other request.
+Each test records the thread that runs the (real) load and compares it with the loop's thread.
 """
 
 import asyncio
 import os
-import time
+import threading
 
 import pytest
 from helpers import make_chat_checkpoint
 
 import dlm_backend.engine.engine as engine_module
 
-LOAD_S = 0.6
 MESSAGES = [{"role": "user", "content": "hi"}]
 KNOBS = {"max_tokens": 8, "block_length": 8}
 
 
 @pytest.fixture
-def slow_fresh_model(tmp_path, monkeypatch) -> str:
-    real = engine_module.load_model
+def fresh_model(tmp_path, monkeypatch):
+    """A checkpoint at a new path (not loaded yet) and the list of threads that loaded weights."""
+    threads, real = [], engine_module.load_model
 
-    def slow_load(*args, **kwargs):
-        time.sleep(LOAD_S)
+    def recording_load(*args, **kwargs):
+        threads.append(threading.get_ident())
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(engine_module, "load_model", slow_load)
-    return str(make_chat_checkpoint(tmp_path / "model", "dream"))    # a new path: not loaded yet
+    monkeypatch.setattr(engine_module, "load_model", recording_load)
+    return str(make_chat_checkpoint(tmp_path / "model", "dream")), threads
 
 
-def longest_stall(call, warm_up) -> float:
-    """Run ``call()`` (a coroutine factory) beside a 10 ms ticker; the longest gap between ticks.
-    ``warm_up()``, the same call on a loaded model, runs first and is not measured."""
+def load_thread_vs_loop(call, threads) -> tuple[list[int], int]:
+    """Run ``call()`` (a coroutine factory) on a new loop: (the threads that loaded, the loop's thread)."""
     async def main():
-        await warm_up()
-        gaps, done = [], asyncio.Event()
-
-        async def tick():
-            last = time.perf_counter()
-            while not done.is_set():
-                await asyncio.sleep(0.01)
-                now = time.perf_counter()
-                gaps.append(now - last)
-                last = now
-
-        ticker = asyncio.create_task(tick())
-        await asyncio.sleep(0.02)
         await call()
-        done.set()
-        await ticker
-        return max(gaps)
-    return asyncio.run(main())
+        return threading.get_ident()
+    loop_thread = asyncio.run(main())
+    return threads, loop_thread
 
 
-def test_langchain_ainvoke(slow_fresh_model, dream_chat):
+def assert_loaded_off_the_loop(call, threads) -> None:
+    loaders, loop_thread = load_thread_vs_loop(call, threads)
+    assert len(loaders) == 1 and loaders[0] != loop_thread
+
+
+def test_langchain_ainvoke(fresh_model):
     pytest.importorskip("langchain_core")
     from dlm_backend.adapters.langchain import ChatDLM
 
-    model, loaded = ChatDLM(model=slow_fresh_model, **KNOBS), ChatDLM(model=str(dream_chat), **KNOBS)
-    assert longest_stall(lambda: model.ainvoke("hi"), lambda: loaded.ainvoke("hi")) < LOAD_S / 2
+    path, threads = fresh_model
+    assert_loaded_off_the_loop(lambda: ChatDLM(model=path, **KNOBS).ainvoke("hi"), threads)
 
 
-def test_langchain_astream_first(slow_fresh_model, dream_chat):
+def test_langchain_astream(fresh_model):
     pytest.importorskip("langchain_core")
     from dlm_backend.adapters.langchain import ChatDLM
 
-    def consume(path):
-        async def run():
-            async for _ in ChatDLM(model=path, **KNOBS).astream("hi"):
-                pass
-        return run
-    assert longest_stall(consume(slow_fresh_model), consume(str(dream_chat))) < LOAD_S / 2
+    path, threads = fresh_model
+
+    async def consume():
+        async for _ in ChatDLM(model=path, **KNOBS).astream("hi"):
+            pass
+    assert_loaded_off_the_loop(consume, threads)
 
 
-def test_llamaindex_achat(slow_fresh_model, dream_chat):
+def test_llamaindex_achat_and_metadata(fresh_model):
     pytest.importorskip("llama_index.core")
     from llama_index.core.llms import ChatMessage
 
     from dlm_backend.adapters.llamaindex import DLM
 
-    llm, loaded = DLM(model=slow_fresh_model, **KNOBS), DLM(model=str(dream_chat), **KNOBS)
-    hi = [ChatMessage(role="user", content="hi")]
-    assert longest_stall(lambda: llm.achat(hi), lambda: loaded.achat(hi)) < LOAD_S / 2
+    path, threads = fresh_model
+    llm = DLM(model=path, **KNOBS)
+    assert llm.metadata.context_window == 512 - KNOBS["max_tokens"] and threads == []   # config.json only
+    assert_loaded_off_the_loop(lambda: llm.achat([ChatMessage(role="user", content="hi")]), threads)
 
 
-def test_litellm_acompletion(slow_fresh_model, dream_chat):
+def test_litellm_acompletion(fresh_model):
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     litellm = pytest.importorskip("litellm")
     import dlm_backend  # noqa: F401  (registers dlm/...)
 
-    def call(path):
-        return lambda: litellm.acompletion(model=f"dlm/{path}", messages=MESSAGES, **KNOBS)
-    assert longest_stall(call(slow_fresh_model), call(dream_chat)) < LOAD_S / 2
+    path, threads = fresh_model
+    assert_loaded_off_the_loop(lambda: litellm.acompletion(model=f"dlm/{path}", messages=MESSAGES, **KNOBS), threads)
 
 
-def test_lazy_server_first_request(slow_fresh_model, dream_chat):
+def test_lazy_server_first_request(fresh_model):
     httpx = pytest.importorskip("httpx")
     from dlm_backend.server.app import create_app
 
-    def post(path):
-        app = create_app(str(path))
+    path, threads = fresh_model
+    app = create_app(path)
 
-        async def run():
-            transport = httpx.ASGITransport(app=app)
-            async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
-                r = await client.post("/v1/chat/completions", json={"model": "m", "messages": MESSAGES, **KNOBS})
-                assert r.status_code == 200, r.text
-        return run
-    warm = post(dream_chat)
-    asyncio.run(warm())                  # loads dream_chat here, off the measured loop
-    assert longest_stall(post(slow_fresh_model), warm) < LOAD_S / 2
+    async def post():
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            r = await client.post("/v1/chat/completions", json={"model": "m", "messages": MESSAGES, **KNOBS})
+            assert r.status_code == 200, r.text
+    assert_loaded_off_the_loop(post, threads)
+
+
+def test_a_loading_model_does_not_hold_up_a_loaded_one(fresh_model, dream_chat, monkeypatch):
+    import time
+
+    from dlm_backend import LLM
+
+    LLM(str(dream_chat))                                     # loaded before the slow load starts
+    started, release = threading.Event(), threading.Event()
+    real = engine_module.load_model
+
+    def held_load(*args, **kwargs):
+        started.set()
+        release.wait(10)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(engine_module, "load_model", held_load)
+    path, _ = fresh_model
+    loader = threading.Thread(target=LLM, args=(path,))
+    loader.start()
+    try:
+        assert started.wait(10)
+        t = time.perf_counter()
+        LLM(str(dream_chat))
+        assert time.perf_counter() - t < 1.0                 # not the held load's (up to) 10 s
+    finally:
+        release.set()
+        loader.join(10)
