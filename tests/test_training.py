@@ -90,9 +90,19 @@ def test_a_bad_family_mix_names_the_problem(spec, needle):
         parse_weights(spec)
 
 
-def test_bad_unanswerable_share_is_refused_before_anything_is_written(tmp_path):
+def test_hard_qa_puts_a_same_attribute_distractor_in_the_context():
+    plain = corpus.generate(300, seed=6, families=["qa"])
+    hard = corpus.generate(300, seed=6, families=["qa"], qa_hard=1.0)
+    def distracted(examples):
+        return sum(e.expected["distractor"] for e in examples)
+    assert distracted(hard) == 300 and distracted(plain) < 150
+    assert [e.target for e in corpus.generate(50, seed=6)] == [e.target for e in corpus.generate(50, seed=6, qa_hard=0)]
+
+
+@pytest.mark.parametrize("field", ["unanswerable", "qa_hard"])
+def test_bad_qa_share_is_refused_before_anything_is_written(tmp_path, field):
     with pytest.raises(DLMError, match="share of QA questions"):
-        train(replace(TINY, out_dir=str(tmp_path / "x"), unanswerable=1.5))
+        train(replace(TINY, out_dir=str(tmp_path / "x"), **{field: 1.5}))
     assert not (tmp_path / "x").exists()
 
 

@@ -70,7 +70,14 @@ QA_WRAPPERS = [
 ]
 
 
-def qa(rng: random.Random, ent: Entities, unanswerable: float = 0.15) -> Example:
+def qa(rng: random.Random, ent: Entities, unanswerable: float = 0.15, hard: float = 0.0) -> Example:
+    """A context of facts about 1-3 people and one question about one of them.
+
+    With probability ``hard`` someone else in the context has the asked attribute too, so the
+    answer cannot be found by the attribute alone: the model must bind the value to the person
+    (dlm-tiny's QA misses are nearly all that confusion: "How old is Fegrex?" answered with
+    Grourtex's age). ``hard=0`` draws nothing extra, so older corpora are unchanged.
+    """
     people = [ent.name() for _ in range(rng.randint(1, 3))]
     facts, known = [], {}
     for person in people:
@@ -86,9 +93,14 @@ def qa(rng: random.Random, ent: Entities, unanswerable: float = 0.15) -> Example
     else:
         person, attr = rng.choice(sorted(known))
         answer = known[(person, attr)]
+    if hard and rng.random() < hard and not any(p != person and a == attr for p, a in known):
+        other = rng.choice([p for p in people if p != person] or [ent.name()])
+        known[(other, attr)] = ATTRS[attr][0](ent, rng)
+        facts.insert(rng.randrange(len(facts) + 1), ATTRS[attr][1].format(n=other, v=known[(other, attr)]))
+    distractor = any(p != person and a == attr for p, a in known)
     question = rng.choice(ATTRS[attr][2]).format(n=person)
     messages = rng.choice(QA_WRAPPERS)(" ".join(facts), question)
-    return Example("qa", messages, answer, expected={"answer": answer})
+    return Example("qa", messages, answer, expected={"answer": answer, "distractor": distractor})
 
 
 # -- tools --------------------------------------------------------------------------------------
@@ -260,11 +272,13 @@ GENERATORS = {"qa": qa, "tool_call": tool_call, "tool_result": tool_result, "jso
 
 
 def generate(n: int, seed: int, split: str = "train", families: list[str] | None = None,
-             weights: dict[str, float] | None = None, unanswerable: float = 0.15) -> list[Example]:
+             weights: dict[str, float] | None = None, unanswerable: float = 0.15,
+             qa_hard: float = 0.0) -> list[Example]:
     """``n`` examples; families drawn by weight, or round-robin over ``families`` when given.
 
     ``weights`` overrides some of :data:`FAMILIES` and ``unanswerable`` is the share of QA questions
-    whose answer is not in the context. Both are for training mixes: the held-out set keeps the
+    whose answer is not in the context, ``qa_hard`` the share with a same-attribute distractor
+    (see :func:`qa`). All three are for training mixes: the held-out set keeps the
     defaults, so a stage that over-samples a weak skill is still scored on the usual mix.
     """
     rng = random.Random(seed)
@@ -274,7 +288,7 @@ def generate(n: int, seed: int, split: str = "train", families: list[str] | None
     for i in range(n):
         family = families[i % len(families)] if families else rng.choices(names, mix)[0]
         if family == "qa":
-            out.append(qa(rng, ent, unanswerable))
+            out.append(qa(rng, ent, unanswerable, qa_hard))
         else:
             out.append(GENERATORS[family](rng, ent))
     return out

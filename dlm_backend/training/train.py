@@ -72,6 +72,7 @@ class TrainConfig:
     # a stage with qa=0.35 and unanswerable 0.3 (p4) refused 3 too (docs/dlm-tiny/findings.md).
     family_weights: str = ""
     unanswerable: float = 0.15
+    qa_hard: float = 0.0           # share of QA contexts where another person has the asked attribute
     # Start layers 0-1 with a built induction circuit (circuits.py says why): on the induction task
     # copy loss falls 8.3 -> 1.0 in 100 steps with it and stays at chance for 800 without. It stays
     # frozen; a stage started with --init-from must use the first stage's setting.
@@ -205,8 +206,9 @@ def train(cfg: TrainConfig, stop_at: int | None = None) -> Path:
 
     ``stop_at`` ends this run early after saving state, as an interruption would (tests use it).
     """
-    if not 0 <= cfg.unanswerable <= 1:
-        raise DLMError(f"--unanswerable is a share of QA questions: got {cfg.unanswerable}, give 0..1 (e.g. 0.3)")
+    for flag, share in (("unanswerable", cfg.unanswerable), ("qa-hard", cfg.qa_hard)):
+        if not 0 <= share <= 1:
+            raise DLMError(f"--{flag} is a share of QA questions: got {share}, give 0..1 (e.g. 0.3)")
     weights = parse_weights(cfg.family_weights)
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -216,7 +218,7 @@ def train(cfg: TrainConfig, stop_at: int | None = None) -> Path:
     torch.set_flush_denormal(True)
     torch.manual_seed(cfg.seed)
     examples = corpus.generate(cfg.num_examples, seed=cfg.seed, split="train",
-                               weights=weights, unanswerable=cfg.unanswerable)
+                               weights=weights, unanswerable=cfg.unanswerable, qa_hard=cfg.qa_hard)
     model_dir = out / "model"
     if cfg.init_from:     # a second stage keeps the first stage's vocabulary
         tok = Tokenizer.from_file(str(Path(cfg.init_from) / "tokenizer.json"))
