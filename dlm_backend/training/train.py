@@ -72,7 +72,10 @@ class TrainConfig:
     # a stage with qa=0.35 and unanswerable 0.3 (p4) refused 3 too (docs/dlm-tiny/findings.md).
     family_weights: str = ""
     unanswerable: float = 0.15
-    qa_hard: float = 0.0           # share of QA contexts where another person has the asked attribute
+    # Share of QA contexts where another person has the asked attribute too. p3 answers those 20/43
+    # (chance) and unique-attribute ones 134/134: it learned the attribute, not the person. A 600-step
+    # stage at 0.7 (p5) reached 24/43, so the binding needs it from the first stage.
+    qa_hard: float = 0.0
     # Start layers 0-1 with a built induction circuit (circuits.py says why): on the induction task
     # copy loss falls 8.3 -> 1.0 in 100 steps with it and stays at chance for 800 without. It stays
     # frozen; a stage started with --init-from must use the first stage's setting.
