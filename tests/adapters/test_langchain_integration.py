@@ -6,8 +6,12 @@ JSON with fields it was never shown (docs/dlm-tiny/findings.md). Structure the a
 (forced tool calls, json_schema output) passes.
 """
 
+import atexit
 import functools
 import inspect
+import shutil
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -32,7 +36,21 @@ def xfail(test, reason: str):
     return pytest.mark.xfail(reason=reason)(functools.wraps(test)(wrapper))
 
 
+@functools.cache
+def _other_checkpoint() -> str:
+    """A second model for the per-call `model` override tests (random weights, built once)."""
+    from helpers import make_chat_checkpoint
+
+    folder = Path(tempfile.mkdtemp(prefix="dlm-override-"))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return str(make_chat_checkpoint(folder / "other-dlm", "dream"))
+
+
 class TestChatDLMIntegration(ChatDLMSuite, ChatModelIntegrationTests):
+    @property
+    def model_override_value(self):
+        return _other_checkpoint()
+
     @property
     def chat_model_params(self):
         # No diffusion knobs: the suite runs as a user's code does, at the checkpoint's own defaults
