@@ -33,11 +33,11 @@ def _add_sampling_args(p: argparse.ArgumentParser) -> None:
 
 
 def _params(args, llm):
-    from dlm_backend.adapters.common import sampling_params
+    from dlm_backend.engine.params import SamplingParams, layered
 
-    given = {k: getattr(args, k) for k in ("max_tokens", "sampler", "block_length", "steps", "threshold",
-                                           "cache", "temperature", "seed", "stop")}
-    return sampling_params(llm, {}, given, serving={"cache": "dual"})
+    names = ("max_tokens", "sampler", "block_length", "steps", "threshold", "cache", "temperature", "seed", "stop")
+    given = {k: getattr(args, k) for k in names if getattr(args, k) is not None}
+    return SamplingParams(**layered(llm.engine.sampling_defaults, given, {"cache": "dual"}))
 
 
 def _llm(args):
