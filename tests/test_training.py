@@ -11,7 +11,7 @@ from dlm_backend import LLM, SamplingParams
 from dlm_backend.errors import DLMError
 from dlm_backend.training import corpus
 from dlm_backend.training.entities import Entities
-from dlm_backend.training.evaluate import (default_configs, evaluate, format_table, held_out, score,
+from dlm_backend.training.evaluate import (default_configs, evaluate, format_table, groups, held_out, score,
                                           select_configs, wilson)
 from dlm_backend.engine.tokenizer import Tokenizer as ChatTokenizer
 from dlm_backend.training.objective import PackedBatches
@@ -191,7 +191,7 @@ def test_mask_covers_replies_or_whole_examples_at_ratio_t(tmp_path):
 def test_eval_runs_on_a_small_slice(tmp_path):
     model = train(replace(TINY, out_dir=str(tmp_path / "m"), steps=1))
     rows = evaluate(str(model), per_family=1, configs=default_configs(16, 8)[:2])
-    assert {r["family"] for r in rows} == set(corpus.EVAL_FAMILIES) | {"all"}
+    assert {r["family"] for r in rows} - {"qa: distractor", "qa: not in context"} == set(corpus.EVAL_FAMILIES) | {"all"}
     assert all(0 <= r["exact"] <= 1 and r["passes_per_token"] > 0 for r in rows)
     assert all(r["exact_ci95"][0] <= r["exact"] <= r["exact_ci95"][1] for r in rows)
     assert format_table(rows).count("\n") == len(rows) + 1
@@ -250,6 +250,19 @@ def test_packed_batches_run_across_epochs_of_different_lengths():
     steps = sum(lengths)
     first = [batches(s).ids for s in range(steps)]   # every step of four epochs, none out of range
     assert all(torch.equal(a, batches(s).ids) for s, a in list(enumerate(first))[::7])
+
+
+def test_eval_splits_qa_by_distractor_and_refusal_without_counting_them_twice():
+    examples = held_out(40)
+    results = list(range(len(examples)))              # stand-ins: groups only routes them
+    rows = groups(examples, results)
+    qa = [i for i, e in enumerate(examples) if e.family == "qa"]
+    refuse = [i for i in qa if examples[i].target == corpus.NOT_IN_CONTEXT]
+    distractor = [i for i in qa if i not in refuse and examples[i].expected["distractor"]]
+    assert refuse and distractor
+    assert rows["qa: not in context"] == refuse and rows["qa: distractor"] == distractor
+    assert sorted(rows["all"]) == results
+    assert sum(len(rows[f]) for f in corpus.EVAL_FAMILIES) == len(examples)
 
 
 def test_eval_configs_are_selected_by_label_and_unknown_ones_refused():
