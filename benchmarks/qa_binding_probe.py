@@ -25,10 +25,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("model", nargs="?", default=None)
     parser.add_argument("--per-family", type=int, default=200)
+    parser.add_argument("--max-tokens", type=int, default=64,
+                        help="the reply canvas; a first-stage checkpoint (40 end-of-text tokens at most "
+                             "after a reply in training) reads a 64-token canvas as a long answer, use 16")
     args = parser.parse_args()
     llm = LLM(args.model)
     examples = [e for e in held_out(args.per_family) if e.family == "qa"]
-    params = SamplingParams(max_tokens=64, block_length=32, sampler="llada", steps=64, cache="dual")
+    n = args.max_tokens
+    params = SamplingParams(max_tokens=n, block_length=min(32, n), sampler="llada", steps=n, cache="dual")
     outputs = llm.generate(prompt_token_ids=[llm.encode_chat(e.messages) for e in examples], sampling_params=params)
     total, right = Counter(), Counter()
     for example, output in zip(examples, outputs):
