@@ -247,10 +247,13 @@ class _Splitter:
 
     def __init__(self, prep: Prepared):
         self.prep, self.buffer, self.sent_calls = prep, "", 0
-        self.raw = prep.tools is not None and prep.json_plan is None
+        # Structured output and forced calls are read back from their skeleton at the end (close);
+        # what the canvas holds around the slots is not content (finish() gives a forced call none).
+        self.quiet = prep.json_plan is not None or prep.call_plan is not None
+        self.raw = prep.tools is not None and not self.quiet
 
     def feed(self, delta: str) -> list[ChatDelta]:
-        if self.prep.json_plan is not None:     # the answer is the JSON read back at the end (close)
+        if self.quiet:
             return []
         if not self.raw:
             return [ChatDelta(content=delta)] if delta else []
@@ -276,6 +279,9 @@ class _Splitter:
         # Structured output is sent whole: the raw canvas around the value slots is not the answer
         # (a slot may hold text past its closing quote), the JSON read back from the slots is.
         events = [ChatDelta(content=result.content)] if self.prep.json_plan is not None else []
+        # Text held back because it might have begun a call ("... <", or cut off at "<tool_") is content.
+        if self.raw and self.buffer and not self.buffer.startswith(OPEN):
+            events.append(ChatDelta(content=self.buffer))
         # A malformed call was held back like any call; it is content after all (as in complete()).
         events += [ChatDelta(content=bad["text"]) for bad in result.invalid_tool_calls]
         events += [ChatDelta(tool_call=call, index=i) for i, call in enumerate(result.tool_calls)]

@@ -205,7 +205,7 @@ def test_json_skeleton_fixes_keys_in_the_canvas(dream_chat):
 
 def test_stream_splits_content_and_tool_calls(dream_chat):
     class FakePrep:
-        tools, json_plan = [WEATHER], None
+        tools, json_plan, call_plan = [WEATHER], None, None
 
     s = _Splitter(FakePrep())
     events = []
@@ -232,6 +232,28 @@ def test_a_malformed_call_reaches_the_result_and_the_stream_as_content(dream_cha
     events = splitter.feed(text) + splitter.close(result)
     assert "".join(e.content for e in events) == text
     assert not any(e.tool_call for e in events)
+
+
+def test_a_stream_ending_in_what_might_have_begun_a_call_sends_it_as_content(dream_chat):
+    from dlm_backend.engine.outputs import GenerationOutput
+
+    llm = LLM(str(dream_chat))
+    prep = Prepared(llm, ChatRequest([{"role": "user", "content": "hi"}], SamplingParams(max_tokens=16), tools=[WEATHER]))
+    for text in ["3 < 4 <", "cut off at <tool_"]:
+        splitter = _Splitter(prep)
+        result = prep.finish(GenerationOutput("r", [1], [2, 3], text, "length", 2))
+        events = splitter.feed(text[:4]) + splitter.feed(text[4:]) + splitter.close(result)
+        assert "".join(e.content for e in events) == result.content == text
+
+
+def test_a_forced_call_streams_no_content_as_complete_gives_none(dream_chat):
+    llm = LLM(str(dream_chat))
+    params = SamplingParams(sampler="llada", max_tokens=96, block_length=16, ignore_eos=True)
+    request = ChatRequest([{"role": "user", "content": "weather in Oslo?"}], params, tools=[WEATHER],
+                          tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    deltas = list(stream(llm, request))
+    assert "".join(d.content for d in deltas) == "" == deltas[-1].result.content
+    assert [d.tool_call["function"]["name"] for d in deltas if d.tool_call] == ["get_weather"]
 
 
 def test_optional_properties_are_templated_as_their_type(dream_chat):
