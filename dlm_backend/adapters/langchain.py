@@ -73,7 +73,9 @@ class ChatDLM(BaseChatModel):
     def _identifying_params(self) -> dict[str, Any]:
         return {"model": self.model_name, "sampler": self.sampler, "threshold": self.threshold,
                 "block_length": self.block_length, "steps": self.steps, "kv_cache": self.kv_cache,
-                "temperature": self.temperature, "max_tokens": self.max_tokens}
+                "temperature": self.temperature, "max_tokens": self.max_tokens,
+                # LangChain's response cache keys on these (its own "stop" key is the per-call one)
+                "stop_sequences": self.stop, "seed": self.seed}
 
     def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
         params = super()._get_ls_params(stop=stop, **kwargs)

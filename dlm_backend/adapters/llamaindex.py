@@ -52,8 +52,9 @@ class DLM(FunctionCallingLLM):
 
     @property
     def metadata(self) -> LLMMetadata:
+        # The whole window, input and output: LlamaIndex's PromptHelper subtracts num_output itself.
         if self._context_window is None:     # from config.json: metadata never loads the weights
-            self._context_window = context_length(self.model or default_model()) - self.max_tokens
+            self._context_window = context_length(self.model or default_model())
         return LLMMetadata(context_window=self._context_window, num_output=self.max_tokens,
                            is_chat_model=True, is_function_calling_model=True,
                            model_name=self.model or default_model())
@@ -72,7 +73,10 @@ class DLM(FunctionCallingLLM):
         blocks: list = [TextBlock(text=result.content)] if result.content else []
         blocks += [ToolCallBlock(tool_call_id=c["id"], tool_name=c["function"]["name"],
                                  tool_kwargs=json.loads(c["function"]["arguments"])) for c in result.tool_calls]
-        message = ChatMessage(role=MessageRole.ASSISTANT, blocks=blocks or [TextBlock(text="")])
+        # The calls also go in additional_kwargs, where LlamaIndex's streaming structured output
+        # (program.utils.process_streaming_objects) looks for them, as OpenAI's LLM puts them.
+        extra = {"tool_calls": result.tool_calls} if result.tool_calls else {}
+        message = ChatMessage(role=MessageRole.ASSISTANT, blocks=blocks or [TextBlock(text="")], additional_kwargs=extra)
         raw = {"usage": result.usage, "finish_reason": result.finish_reason,
                "num_forward_passes": result.num_forward_passes}
         return ChatResponse(message=message, raw=raw)
@@ -186,8 +190,9 @@ class _Accumulator:
 def _to_openai(message: ChatMessage) -> dict:
     role = message.role.value if hasattr(message.role, "value") else str(message.role)
     out: dict = {"role": role, "content": message.content or ""}
+    # One message may carry its calls both ways (ours do): the blocks win, the legacy list is a fallback.
     calls = [b for b in message.blocks if isinstance(b, ToolCallBlock)]
-    calls += [_legacy_call(c) for c in message.additional_kwargs.get("tool_calls", []) or []]
+    calls = calls or [_legacy_call(c) for c in message.additional_kwargs.get("tool_calls", []) or []]
     if calls:
         out["tool_calls"] = [c if isinstance(c, dict) else
                              {"id": c.tool_call_id, "type": "function",

@@ -69,3 +69,17 @@ def test_tool_choice_none_and_forced_streams(dream_chat):
     for chunk in chunks[1:]:
         merged += chunk
     assert merged.tool_calls[0]["name"] == "get_weather" and set(merged.tool_calls[0]["args"]) == {"city"}
+
+
+def test_the_response_cache_tells_apart_stop_and_seed(dream_chat):
+    """LangChain's cache key is the model's identifying params: a truncated or reseeded answer is another."""
+    from langchain_core.caches import InMemoryCache
+
+    keys = {ChatDLM(model=str(dream_chat), **kw)._get_llm_string()
+            for kw in ({}, {"stop": ["."]}, {"seed": 1}, {"seed": 2})}
+    assert len(keys) == 4
+    cache = InMemoryCache()
+    plain = ChatDLM(model=str(dream_chat), max_tokens=16, block_length=8, sampler="llada", cache=cache)
+    stopped = ChatDLM(model=str(dream_chat), max_tokens=16, block_length=8, sampler="llada", cache=cache, stop=["e"])
+    full = plain.invoke("hi").content
+    assert "e" not in stopped.invoke("hi").content and plain.invoke("hi").content == full

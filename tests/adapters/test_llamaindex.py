@@ -27,7 +27,7 @@ def test_construction_does_not_load(dream_chat):
 def test_chat_complete_stream_and_async(dream_chat):
     llm = DLM(model=str(dream_chat), max_tokens=16, block_length=8)
     meta = llm.metadata
-    assert meta.is_function_calling_model and meta.is_chat_model and meta.context_window == 512 - 16
+    assert meta.is_function_calling_model and meta.is_chat_model and meta.context_window == 512 and meta.num_output == 16
     r = llm.chat([ChatMessage(role=MessageRole.USER, content="hi")])
     assert isinstance(r.message.content, str) and r.raw["usage"]["completion_tokens"] > 0
     c = llm.complete("hi")
@@ -74,3 +74,30 @@ def test_structured_predict_returns_the_model_class(dream_chat):
     person = llm.structured_predict(Person, PromptTemplate("Extract the person: {text}"), text="Bob is 3.")
     assert isinstance(person, Person)                         # a forced call's skeleton: always this shape
     assert isinstance(asyncio.run(llm.astructured_predict(Person, PromptTemplate("{text}"), text="Ann, 40")), Person)
+
+
+def test_streamed_tool_calls_reach_llamaindex_streaming_structured_output(dream_chat):
+    """stream_structured_predict reads each streamed response with process_streaming_objects, which
+    looks for calls in additional_kwargs["tool_calls"] only; without them every field came back None."""
+    from llama_index.core.program.function_program import get_function_tool
+    from llama_index.core.program.utils import process_streaming_objects
+    from pydantic import BaseModel
+
+    class Person(BaseModel):
+        name: str
+        age: int
+
+    llm = DLM(model=str(dream_chat), max_tokens=128, block_length=16)
+    tool = get_function_tool(Person)
+    *_, last = llm.stream_chat_with_tools([tool], user_msg="Bob is 3.", tool_choice="Person")
+    person = process_streaming_objects(last, Person, llm=llm)
+    assert isinstance(person.name, str) and isinstance(person.age, int)   # the forced call's skeleton
+
+
+def test_a_reply_sent_back_carries_each_call_once(dream_chat):
+    from dlm_backend.adapters.llamaindex import _to_openai
+
+    llm = DLM(model=str(dream_chat), max_tokens=96, block_length=16)
+    tool = FunctionTool.from_defaults(fn=get_weather)
+    reply = llm.chat_with_tools([tool], user_msg="weather in Paris?", tool_choice="get_weather").message
+    assert reply.additional_kwargs["tool_calls"] and len(_to_openai(reply)["tool_calls"]) == 1
