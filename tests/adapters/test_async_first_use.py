@@ -72,7 +72,7 @@ def test_llamaindex_achat_and_metadata(fresh_model):
 
     path, threads = fresh_model
     llm = DLM(model=path, **KNOBS)
-    assert llm.metadata.context_window == 512 - KNOBS["max_tokens"] and threads == []   # config.json only
+    assert llm.metadata.context_window == 512 and threads == []   # config.json only
     assert_loaded_off_the_loop(lambda: llm.achat([ChatMessage(role="user", content="hi")]), threads)
 
 
