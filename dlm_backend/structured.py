@@ -111,20 +111,35 @@ def loads_lenient(text: str):
 def templatable(schema: dict) -> bool:
     props = schema.get("properties")
     return (schema.get("type", "object") == "object" and isinstance(props, dict) and bool(props)
-            and all(isinstance(p, dict) and (_scalar(p).get("type") in ("string", "integer", "number", "boolean")
-                                             or "enum" in _scalar(p)) for p in props.values()))
+            and all(isinstance(p, dict) and _slot_kind(_scalar(p)) is not None for p in props.values()))
+
+
+def _slot_kind(prop: dict) -> str | None:
+    """How a property is filled: a quoted or a bare slot, or None when the skeleton cannot hold it
+    (an enum mixing strings and numbers reads back as neither, so it is generated and validated)."""
+    if "enum" in prop:
+        values = prop["enum"] if isinstance(prop["enum"], list) else []
+        if values and all(isinstance(v, str) for v in values):
+            return "string"
+        if values and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+            return "enum"
+        return None
+    return prop.get("type") if prop.get("type") in ("string", "integer", "number", "boolean") else None
 
 
 def _scalar(prop: dict) -> dict:
     """An optional property (``Optional[str]`` in pydantic: ``anyOf: [{type: string}, {type: null}]``,
-    or ``type: [string, null]``) as its non-null type; the skeleton always fills it in."""
+    ``type: [string, null]``, or an enum listing null as OpenAI's structured-output guide writes an
+    optional enum) as its non-null type; the skeleton always fills it in."""
     branches = prop.get("anyOf") or prop.get("oneOf")
     if isinstance(branches, list):
         kept = [b for b in branches if isinstance(b, dict) and b.get("type") != "null"]
-        return kept[0] if len(kept) == 1 else prop
+        return _scalar(kept[0]) if len(kept) == 1 else prop
     if isinstance(prop.get("type"), list):
         kept = [t for t in prop["type"] if t != "null"]
-        return {**prop, "type": kept[0]} if len(kept) == 1 else prop
+        prop = {**prop, "type": kept[0]} if len(kept) == 1 else prop
+    if isinstance(prop.get("enum"), list) and None in prop["enum"]:
+        prop = {**prop, "enum": [v for v in prop["enum"] if v is not None]}
     return prop
 
 
@@ -176,13 +191,12 @@ def _skeleton(tokenizer, schema: dict) -> tuple[list[int | None], list[Slot]]:
     template: list[int | None] = []
     slots: list[Slot] = []
     for key, prop in schema["properties"].items():
-        prop = _scalar(prop)
-        kind = "enum" if "enum" in prop else prop["type"]
-        quoted = kind == "string" or (kind == "enum" and all(isinstance(v, str) for v in prop["enum"]))
+        kind = _slot_kind(_scalar(prop))
+        quoted = kind == "string"
         lead = '{"' if not slots else ('", "' if slots[-1].kind == "string" else ', "')
         template += tokenizer.encode(lead + json.dumps(key)[1:-1] + '":' + (' "' if quoted else ""))
         n = STRING_SLOTS if quoted else NUMBER_SLOTS
-        slots.append(Slot(key, "string" if quoted else kind, len(template), len(template) + n))
+        slots.append(Slot(key, kind, len(template), len(template) + n))
         template += [None] * n
     template += tokenizer.encode('"}' if slots[-1].kind == "string" else "}")
     return template, slots

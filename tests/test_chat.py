@@ -276,6 +276,20 @@ def test_optional_properties_are_templated_as_their_type(dream_chat):
     assert text == deltas[-1].result.content and json.loads(text) == deltas[-1].result.parsed
 
 
+def test_an_optional_enum_listing_null_is_templated_and_a_mixed_enum_is_validated(dream_chat):
+    """OpenAI's structured-output guide writes an optional enum as type [string, null] with null in
+    the enum: it read back as a number slot, and float("celsius") was a 500 after generation."""
+    llm = LLM(str(dream_chat))
+    unit = {"type": ["string", "null"], "enum": ["celsius", "fahrenheit", None]}
+    schema = {"type": "object", "properties": {"unit": unit, "level": {"enum": [1, 2, None]}}}
+    assert templatable(schema)
+    assert not templatable({"type": "object", "properties": {"x": {"enum": ["a", 1]}}})
+    fmt = {"type": "json_schema", "json_schema": {"name": "w", "schema": schema}}
+    result = complete(llm, ChatRequest([{"role": "user", "content": "unit?"}],
+                                       SamplingParams(max_tokens=96, block_length=16), response_format=fmt))
+    assert result.parsed["unit"] in ("celsius", "fahrenheit") and result.parsed["level"] in (1, 2)
+
+
 LIST_SCHEMA = {"type": "object", "properties": {"cities": {"type": "array", "items": {"type": "string"}}},
                "required": ["cities"]}
 
