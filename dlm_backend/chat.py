@@ -49,6 +49,8 @@ def normalize_messages(messages: list[dict]) -> list[dict]:
         raise DLMError("messages is empty: send at least one message.")
     out = []
     for m in messages:
+        if not isinstance(m, dict):
+            raise DLMError(f"Each message must be an object with a role and content, got {type(m).__name__}.")
         role = m.get("role")
         if role == "developer":
             role = "system"
@@ -57,8 +59,11 @@ def normalize_messages(messages: list[dict]) -> list[dict]:
         msg = {"role": "tool" if role == "function" else role, "content": _text(m.get("content"))}
         if m.get("tool_calls"):
             calls = []
-            for call in m["tool_calls"]:
-                fn = call.get("function", call)
+            for call in m["tool_calls"] if isinstance(m["tool_calls"], list) else [None]:
+                fn = call.get("function", call) if isinstance(call, dict) else None
+                if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
+                    raise DLMError("Each of an assistant message's tool_calls needs "
+                                   "{'function': {'name': ..., 'arguments': ...}}; got " f"{call!r:.200}.")
                 args = fn.get("arguments", {})
                 if isinstance(args, str):
                     try:

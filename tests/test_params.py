@@ -19,6 +19,13 @@ from dlm_backend.errors import ContextLengthError, SamplingParamsError, Tokenize
     ({"alg": "oops"}, "alg"),
     ({"cfg_scale": 1.0, "cache": "dual"}, "cfg_scale > 0 needs cache='none'"),
     ({"stop": [""]}, "stop"),
+    # wrong types, as a JSON body sends them: a named 400, not a TypeError (a 500)
+    ({"threshold": "0.9"}, "threshold must be a number, got '0.9'"),
+    ({"cfg_scale": "1"}, "cfg_scale must be a number"),
+    ({"temperature": None}, "temperature must be a number"),
+    ({"top_p": "1"}, "top_p must be a number"),
+    ({"ignore_eos": "false"}, "ignore_eos must be true or false"),
+    ({"stop": 5}, "stop must be a string or a list"),
 ])
 def test_invalid_sampling_params(kwargs, match):
     with pytest.raises(SamplingParamsError, match=match):

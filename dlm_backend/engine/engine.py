@@ -113,6 +113,15 @@ class LLMEngine:
             self.stats.record_rejected()
             raise QueueFullError(f"The engine's queue is full ({self.config.max_waiting} requests waiting). "
                                  "Retry shortly, or raise max_waiting.")
+        sampler = self.check(prompt_token_ids, params, response_template)
+        seq = Sequence(prompt_token_ids, params, sampler, self.tokens, request_id, response_template)
+        self.scheduler.add(seq)
+        return seq
+
+    def check(self, prompt_token_ids: list[int], params: SamplingParams,
+              response_template: list[int | None] | None = None) -> Sampler:
+        """The DLMError ``add_request`` would raise for this request, without queueing it; else its
+        sampler. A server calls it before a streamed response's 200 goes out."""
         if not prompt_token_ids:
             raise DLMError("The prompt is empty. Pass at least one token (a diffusion model needs "
                            "context to condition on).")
@@ -136,9 +145,7 @@ class LLMEngine:
                 raise DLMError(f"Response template tokens must be None or integers in [0, {vocab}).")
         sampler = self.sampler(params.sampler)
         sampler.validate(params)
-        seq = Sequence(prompt_token_ids, params, sampler, self.tokens, request_id, response_template)
-        self.scheduler.add(seq)
-        return seq
+        return sampler
 
     def abort(self, request_id: str) -> StreamChunk | None:
         """Cancel a request now, freeing its slot and cache; returns its final chunk (None if unknown)."""

@@ -59,7 +59,17 @@ class SamplingParams:
     def __post_init__(self):
         if isinstance(self.stop, str):
             self.stop = [self.stop]
+        if self.stop is not None and not isinstance(self.stop, (list, tuple)):
+            raise SamplingParamsError("Invalid SamplingParams: stop must be a string or a list of strings.")
         self.stop = list(self.stop or [])
+        for name in ("temperature", "threshold", "factor", "gamma", "cfg_scale", "eps", "top_p", "alg_temp"):
+            value = getattr(self, name)      # a JSON body may send "0.9": a 400 naming it, not a TypeError
+            if not (_is_number(value) or (value is None and name in ("top_p", "alg_temp"))):
+                raise SamplingParamsError(f"Invalid SamplingParams: {name} must be a number, got {value!r}.")
+        for name in ("ignore_eos", "logits_eos_inf", "confidence_eos_eot_inf"):
+            if not isinstance(getattr(self, name), bool):     # "false" is truthy
+                raise SamplingParamsError(f"Invalid SamplingParams: {name} must be true or false, "
+                                          f"got {getattr(self, name)!r}.")
         checks = [
             (_is_int(self.max_tokens) and self.max_tokens >= 1, "max_tokens must be an integer >= 1"),
             (self.block_length is None or (_is_int(self.block_length) and self.block_length >= 1),
@@ -97,6 +107,10 @@ class SamplingParams:
     def replace(self, **changes) -> "SamplingParams":
         """A copy with some fields changed (validated again)."""
         return dataclasses.replace(self, **changes)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _is_int(value) -> bool:

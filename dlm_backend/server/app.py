@@ -104,14 +104,17 @@ def create_app(model: str | None = None, served_name: str | None = None, device:
     async def internal_error(_: Request, exc: Exception):
         return _error(500, f"Internal error ({type(exc).__name__}); the server keeps running.", "server_error")
 
-    def admit(num_prompt_tokens: int, max_tokens: int) -> None:
-        """Server limits, checked before anything is queued."""
+    def admit(prompt_ids: list[int], params, template: list | None = None) -> None:
+        """Server limits and the engine's own checks, before anything is queued or a 200 goes out
+        (a streamed response's errors would otherwise arrive as an event after a 200)."""
+        num_prompt_tokens, max_tokens = len(prompt_ids), params.max_tokens
         if max_tokens > cfg.max_tokens_limit:
             raise DLMError(f"max_tokens {max_tokens} is over this server's limit of {cfg.max_tokens_limit}; "
                            "ask for fewer tokens.")
         if cfg.max_prompt_tokens is not None and num_prompt_tokens > cfg.max_prompt_tokens:
             raise DLMError(f"The prompt has {num_prompt_tokens} tokens, over this server's limit of "
                            f"{cfg.max_prompt_tokens}; shorten it (fewer documents or turns).")
+        llm().engine.check(prompt_ids, params, template)
         if llm().engine.is_full:
             raise _Busy(f"The server is at capacity ({cfg.max_waiting} requests queued); retry shortly.")
 
@@ -133,7 +136,7 @@ def create_app(model: str | None = None, served_name: str | None = None, device:
         request = chat.ChatRequest(body.messages, sampling_params(llm(), {}, body.knobs()), tools=body.tools,
                                    tool_choice=body.tool_choice, response_format=body.response_format)
         prep = chat.Prepared(llm(), request)          # validates before the 200 goes out
-        admit(len(prep.prompt_ids), request.params.max_tokens)
+        admit(prep.prompt_ids, prep.request.params, prep.template)
         rid, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
         if body.stream:
             include_usage = bool((body.stream_options or {}).get("include_usage"))
@@ -157,7 +160,7 @@ def create_app(model: str | None = None, served_name: str | None = None, device:
             return _error(400, "Send one prompt per request (batch by sending concurrent requests).")
         params = sampling_params(llm(), {}, body.knobs())
         ids = llm().tokenizer.encode(prompts[0])
-        admit(len(ids), params.max_tokens)
+        admit(ids, params)
         rid, created = f"cmpl-{uuid.uuid4().hex[:24]}", int(time.time())
         if body.stream:
             return StreamingResponse(_completion_sse(llm(), ids, params, rid, created, name),

@@ -64,6 +64,24 @@ def test_bad_requests_are_400_with_a_message(client):
         client.chat.completions.create(model="tiny", messages=[])
     with pytest.raises(openai.BadRequestError, match="context"):
         client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x " * 600}])
+    with pytest.raises(openai.BadRequestError, match="tool_calls needs"):        # no name: was a KeyError, a 500
+        client.chat.completions.create(model="tiny", messages=[
+            {"role": "assistant", "content": "", "tool_calls": [{"id": "c", "function": {"arguments": "{}"}}]}])
+    with pytest.raises(openai.BadRequestError, match="threshold must be a number"):   # was a TypeError, a 500
+        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
+                                       extra_body={"threshold": "0.9"})
+
+
+@pytest.mark.parametrize("extra,match", [({"sampler": "nope"}, "nope"), ({}, "context")])
+def test_a_bad_streamed_request_is_a_400_before_any_event(client, extra, match):
+    """OpenAI refuses a bad streamed request with a 400; the engine's own checks used to run after
+    the 200 and arrive as an error event."""
+    long = "x " * (600 if not extra else 1)
+    with pytest.raises(openai.BadRequestError, match=match):
+        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": long}],
+                                       stream=True, extra_body=extra)
+    with pytest.raises(openai.BadRequestError, match=match):
+        client.completions.create(model="tiny", prompt=long, stream=True, extra_body=extra)
 
 
 WEATHER = [{"type": "function", "function": {"name": "get_weather", "parameters": {
