@@ -329,3 +329,19 @@ def test_response_template_validation():
     full = llm.generate(prompt_token_ids=[PROMPT], sampling_params=SamplingParams(max_tokens=3, ignore_eos=True),
                         response_template=[1, 2, 3])[0]
     assert full.token_ids == [1, 2, 3] and full.num_forward_passes == 0
+
+
+def test_a_stop_token_in_a_template_slot_does_not_cut_off_the_skeleton():
+    """EOS committed into a JSON value's spare slot used to finish the request there, dropping the
+    later slots and the closing braces; after the template a stop token ends it as usual."""
+    from dlm_backend.engine.samplers.base import TokenInfo
+    from dlm_backend.engine.samplers.llada import LLaDASampler
+    from dlm_backend.engine.sequence import Sequence
+
+    mask, eos, fixed = 9, 2, 5
+    params = SamplingParams(sampler="llada", max_tokens=6, block_length=6)
+    seq = Sequence([1, 1], params, LLaDASampler(), TokenInfo(mask, (eos,)), response_template=[None, None, fixed])
+    seq.commit([2, 3], [7, eos])                 # the value and a pad in its slots
+    assert not seq.is_finished and seq.prefix_end == 5
+    seq.commit([5, 6], [eos, 7])                 # after the template: a stop
+    assert seq.is_finished and seq.finish_reason == "stop" and seq.output_end == 5

@@ -41,6 +41,10 @@ class Sequence:
         # or a JSON skeleton whose value slots alone are denoised.
         template = [tokens.mask_id if t is None else t for t in (response_template or [])]
         self.canvas = self.prompt_token_ids + template + [tokens.mask_id] * (params.max_tokens - len(template))
+        # A stop token inside the template's slots does not end the request: the skeleton's fixed
+        # tail ("}, closing tags) comes after, and models trained to pad with EOS put one in a
+        # short value's spare slots. Decoding skips it, so the value reads clean.
+        self.template_end = len(self.prompt_token_ids) + len(template)
         self.block_length = sampler.block_length(params)
         self.block_index = 0
         self.step_in_block = 0
@@ -127,7 +131,7 @@ class Sequence:
         """Extend the committed prefix (finishing at a stop token or a full canvas) and move the
         block cursor past blocks that have no masked slot left."""
         while self.prefix_end < self.length and self.canvas[self.prefix_end] != self.mask_id:
-            if self.canvas[self.prefix_end] in self.stop_ids:
+            if self.canvas[self.prefix_end] in self.stop_ids and self.prefix_end >= self.template_end:
                 self.finish("stop", stop_reason=self.canvas[self.prefix_end], output_end=self.prefix_end)
                 return
             self.prefix_end += 1
