@@ -134,6 +134,16 @@ def test_chat_text_and_stop_strings(dream_chat):
     cut = llm.chat([{"role": "user", "content": "Name three prime numbers."}], params.replace(stop=[stop]))
     assert cut.finish_reason == "stop" and cut.stop_reason == stop
     assert cut.text == out.text[:out.text.index(stop)]
+    # The output ends at the token that completes the stop string, not at the end of its pass:
+    # threshold 0.01 commits the whole 8-slot block at once.
+    fast = params.replace(sampler="threshold", threshold=0.01)
+    messages = [{"role": "user", "content": "Name three prime numbers."}]
+    full = llm.chat(messages, fast).token_ids
+    decode = llm.tokenizer.decode
+    i, stop = next((i, decode(full[i:i + 1])) for i in range(1, 7)       # a whole character, first seen at i
+                   if decode(full[i:i + 1]).strip("\ufffd") and decode(full[i:i + 1]) not in decode(full[:i]))
+    cut = llm.chat(messages, fast.replace(stop=[stop]))
+    assert cut.token_ids == full[:i + 1] and cut.usage["completion_tokens"] == i + 1 < 8
 
 
 def test_stream_yields_committed_text_in_order(dream_chat):

@@ -228,8 +228,6 @@ class LLMEngine:
         tokens = seq.committed_token_ids
         if tokens and seq.first_token_time is None:
             seq.first_token_time = now
-        delta_ids = tokens[seq.num_emitted:]
-        seq.num_emitted = len(tokens)
         delta_text = ""
         if self.tokenizer is not None:
             text = self.tokenizer.decode(tokens)
@@ -237,11 +235,17 @@ class LLMEngine:
             for stop in seq.params.stop:
                 at = text.find(stop, max(0, len(emitted) - len(stop)))
                 if at != -1:
-                    text = text[:at]
-                    seq.finish("stop", stop_reason=stop)
+                    # One pass may commit a block past the stop string: the output (and the usage
+                    # count) ends at the token that completes it, as a one-token-a-step engine's would.
+                    n = next(n for n in range(seq.num_emitted, len(tokens) + 1)
+                             if len(self.tokenizer.decode(tokens[:n])) >= at + len(stop))
+                    seq.finish("stop", stop_reason=stop, output_end=seq.prompt_len + n)
+                    tokens, text = tokens[:n], text[:at]
             visible = text if seq.is_finished else _hold_back(text, seq.params.stop)
             delta_text = visible[len(emitted):]
             self._texts[seq.seq_id] = emitted + delta_text
+        delta_ids = tokens[seq.num_emitted:]
+        seq.num_emitted = len(tokens)
         output = None
         if seq.is_finished:
             output = GenerationOutput(
