@@ -107,7 +107,7 @@ def cmd_serve(args) -> int:
         print(f"warning: serving on {args.host} without an API key; anyone who can reach this port can "
               "use the model. Set --api-key or DLM_API_KEY.", file=sys.stderr)
     config = ServerConfig(model=args.model, served_name=args.served_model_name, device=args.device,
-                          api_key=api_key, max_body_bytes=args.max_body_bytes,
+                          dtype=args.dtype, api_key=api_key, max_body_bytes=args.max_body_bytes,
                           max_tokens_limit=args.max_tokens_limit, max_prompt_tokens=args.max_prompt_tokens,
                           max_waiting=args.max_waiting, max_num_seqs=args.max_num_seqs)
     app = create_app(config=config)

@@ -23,6 +23,7 @@ from starlette.exceptions import HTTPException
 
 from dlm_backend import chat
 from dlm_backend.adapters.common import sampling_params
+from dlm_backend.engine.engine import DTYPES
 from dlm_backend.engine.llm import LLM
 from dlm_backend.errors import DLMError, EngineError, QueueFullError
 from dlm_backend.server.metrics import CONTENT_TYPE, make_registry, metrics_text
@@ -39,6 +40,7 @@ class ServerConfig:
     model: str | None = None
     served_name: str | None = None
     device: str | None = None
+    dtype: str = "auto"                     # auto: bf16 on GPU, fp32 on CPU
     api_key: str | None = None              # required on every route but /health when set
     max_body_bytes: int = 1 << 20           # 1 MiB: a long RAG prompt is ~100 KB
     max_tokens_limit: int = 4096            # largest max_tokens a request may ask for
@@ -59,13 +61,15 @@ def create_app(model: str | None = None, served_name: str | None = None, device:
                config: ServerConfig | None = None) -> FastAPI:
     """The app for one model; it loads on the first request (or at startup with ``app.state.llm()``)."""
     cfg = config or ServerConfig(model=model, served_name=served_name, device=device)
+    if cfg.dtype != "auto" and cfg.dtype not in DTYPES:    # before serving, even with --lazy
+        raise DLMError(f"dtype {cfg.dtype!r} is not supported; use 'auto' or one of {', '.join(DTYPES)}.")
     app = FastAPI(title="dlm_backend", version="0.1.0")
     name = cfg.served_name or (cfg.model or "dlm-tiny").rstrip("/").split("/")[-1]
     state: dict = {}
 
     def llm() -> LLM:
         if "llm" not in state:
-            state["llm"] = LLM(cfg.model, device=cfg.device, max_num_seqs=cfg.max_num_seqs,
+            state["llm"] = LLM(cfg.model, device=cfg.device, dtype=cfg.dtype, max_num_seqs=cfg.max_num_seqs,
                                max_waiting=cfg.max_waiting)
         return state["llm"]
 

@@ -204,3 +204,15 @@ def test_a_request_failing_inside_the_engine_fails_alone(dream_chat):
     assert bad.status_code == 500 and "injected failure" in bad.json()["error"]["message"]
     assert "Traceback" not in bad.text
     assert {p: r.json()["choices"][0]["message"]["content"] for p, r in replies.items()} == solo
+
+
+def test_serve_loads_in_the_dtype_asked_and_refuses_an_unknown_one(dream_chat, capsys):
+    """`dlm serve --dtype` was accepted and ignored: an 8B model loaded in fp32, twice the memory."""
+    import torch
+
+    from dlm_backend.cli import main
+
+    app = create_app(config=ServerConfig(model=str(dream_chat), dtype="bfloat16"))
+    assert app.state.llm().engine.dtype == torch.bfloat16
+    assert main(["serve", str(dream_chat), "--lazy", "--dtype", "bogus"]) == 2      # before uvicorn starts
+    assert "dtype 'bogus' is not supported" in capsys.readouterr().err
