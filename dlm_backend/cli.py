@@ -171,8 +171,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
     try:
+        args = build_parser().parse_args(argv)     # plugins add commands: a broken one is an error line
         return args.func(args)
     except DLMError as exc:
         print(f"error: {exc}", file=sys.stderr)

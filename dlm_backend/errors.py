@@ -45,3 +45,7 @@ class EngineError(DLMError):
 
 class QueueFullError(DLMError):
     """The engine's waiting queue is at its bound; the request was not queued (HTTP 429)."""
+
+
+class PluginError(DLMError):
+    """A third-party plugin failed to load or does not fit this version's hooks."""

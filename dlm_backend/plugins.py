@@ -7,12 +7,14 @@
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import os
 import threading
 
 import pluggy
 
 from dlm_backend import hookspecs
+from dlm_backend.errors import PluginError
 
 ENTRY_POINT_GROUP = "dlm_backend"
 DEFAULT_PLUGINS = (
@@ -37,17 +39,28 @@ def load_plugins() -> pluggy.PluginManager:
             return pm
         if not os.environ.get("DLM_DISABLE_PLUGIN_AUTOLOAD"):
             allow = os.environ.get("DLM_LOAD_PLUGINS")
-            if allow is None:
-                pm.load_setuptools_entrypoints(ENTRY_POINT_GROUP)
-            else:
-                for name in filter(None, (n.strip() for n in allow.split(","))):
+            names = ({ep.name for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)} if allow is None
+                     else set(filter(None, (n.strip() for n in allow.split(",")))))
+            for name in sorted(names):        # one at a time, so a broken one is named
+                try:
                     pm.load_setuptools_entrypoints(ENTRY_POINT_GROUP, name=name)
+                except Exception as exc:  # noqa: BLE001 - whatever a third-party import raises
+                    raise PluginError(f"The dlm_backend plugin {name!r} failed to load ({type(exc).__name__}: "
+                                      f"{exc}). {_SKIP}") from exc
         for module_name in DEFAULT_PLUGINS:
             if pm.get_plugin(module_name) is None:
                 pm.register(importlib.import_module(module_name), name=module_name)
-        pm.check_pending()
+        try:
+            pm.check_pending()
+        except pluggy.PluginValidationError as exc:
+            raise PluginError(f"The dlm_backend plugin {pm.get_name(exc.plugin)!r} implements a hook this version "
+                              f"does not have: {exc}. {_SKIP}") from exc
         _loaded = True
     return pm
+
+
+_SKIP = ("Upgrade or uninstall it, or skip entry-point plugins with DLM_DISABLE_PLUGIN_AUTOLOAD=1 "
+         "(or name the ones to load in DLM_LOAD_PLUGINS=a,b).")
 
 
 def _collect(hook_name: str) -> dict:

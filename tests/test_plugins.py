@@ -124,3 +124,25 @@ def test_adapters_are_registered_through_the_hook_and_load_on_use():
         plugins.pm.unregister(name="third-party-adapter")
     with pytest.raises(DLMError, match="Unknown adapter 'nope'; registered: langchain, litellm, llamaindex, openai-server"):
         load_adapter("nope")
+
+
+@pytest.mark.parametrize("source,needle", [
+    ("raise ImportError('needs numpy 3')", "failed to load (ImportError: needs numpy 3)"),
+    ("from dlm_backend import hookimpl\n@hookimpl\ndef register_widgets(register):\n    pass\n",
+     "implements a hook this version does not have"),
+])
+def test_a_broken_plugin_is_one_error_line_naming_it_and_the_way_around(tmp_path, source, needle):
+    import os
+    (tmp_path / "broken_plugin.py").write_text(source)
+    dist = tmp_path / "broken_plugin-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-plugin\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[dlm_backend]\nbroken = broken_plugin\n")
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    env.pop("DLM_DISABLE_PLUGIN_AUTOLOAD", None)
+    run = subprocess.run([sys.executable, "-m", "dlm_backend.cli", "plugins"], env=env, capture_output=True, text=True)
+    assert run.returncode == 2 and "Traceback" not in run.stderr
+    assert "'broken'" in run.stderr and needle in run.stderr and "DLM_DISABLE_PLUGIN_AUTOLOAD=1" in run.stderr
+    env["DLM_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+    assert subprocess.run([sys.executable, "-m", "dlm_backend.cli", "plugins"], env=env,
+                          capture_output=True, text=True).returncode == 0
