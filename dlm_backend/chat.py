@@ -146,9 +146,8 @@ class Prepared:
         if forced == "none":
             tools, forced = None, None
         messages = normalize_messages(request.messages)
-        template = llm.tokenizer.chat_template or ""
         has_tool_turns = any(m["role"] == "tool" or m.get("tool_calls") for m in messages)
-        if (tools or has_tool_turns) and "tools" not in template:     # e.g. LLaDA: tools and calls as text
+        if (tools or has_tool_turns) and not llm.tokenizer.renders_tools:    # e.g. LLaDA: tools and calls as text
             self.prompt_ids = llm.encode_chat(fallback_messages(messages, tools))
         else:
             self.prompt_ids = llm.encode_chat(messages, tools=tools)

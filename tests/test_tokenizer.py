@@ -56,3 +56,32 @@ def test_template_raise_exception_is_a_clear_error(tmp_path, dream_chat):
 def test_missing_template(tmp_path, dream_chat):
     with pytest.raises(TokenizerError, match="no chat template"):
         _with_template(tmp_path, dream_chat).apply_chat_template([{"role": "user", "content": "x"}])
+
+
+def test_named_templates_pick_tool_use_when_tools_are_given(tmp_path, dream_chat):
+    named = [{"name": "default", "template": "plain:{{ messages[0]['content'] }}"},
+             {"name": "tool_use", "template": "tools:{{ tools[0]['function']['name'] }}:{{ messages[0]['content'] }}"}]
+    tok = _with_template(tmp_path, dream_chat, named)
+    msgs = [{"role": "user", "content": "hi"}]
+    assert tok.apply_chat_template(msgs) == "plain:hi" and tok.renders_tools
+    assert tok.apply_chat_template(msgs, tools=[{"function": {"name": "f"}}]) == "tools:f:hi"
+
+
+def test_a_caller_value_overrides_a_special_token(tmp_path, dream_chat):
+    """transformers lets template kwargs override special tokens; a duplicate keyword was a TypeError."""
+    (tmp_path / "tokenizer.json").write_bytes((dream_chat / "tokenizer.json").read_bytes())
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(
+        {"chat_template": "{{ bos_token }}|{{ messages[0]['content'] }}", "bos_token": "<B>"}))
+    tok = Tokenizer(tmp_path)
+    msgs = [{"role": "user", "content": "hi"}]
+    assert tok.apply_chat_template(msgs) == "<B>|hi" and tok.apply_chat_template(msgs, bos_token="") == "|hi"
+
+
+def test_a_corrupt_tokenizer_file_is_a_tokenizer_error(tmp_path, dream_chat):
+    (tmp_path / "tokenizer.json").write_text('{"version": "1.0", "trunc')
+    with pytest.raises(TokenizerError, match="do not load.*Re-download"):
+        Tokenizer(tmp_path)
+    (tmp_path / "tokenizer.json").write_bytes((dream_chat / "tokenizer.json").read_bytes())
+    (tmp_path / "tokenizer_config.json").write_text("{")
+    with pytest.raises(TokenizerError, match="do not load"):
+        Tokenizer(tmp_path)

@@ -37,28 +37,45 @@ class Tokenizer:
         if not path.is_file():
             raise TokenizerError(f"{folder} has no tokenizer.json, so text prompts cannot be encoded. "
                                  "Pass prompt_token_ids instead, or add the checkpoint's tokenizer.json.")
-        self._tok = HFTokenizer.from_file(str(path))
-        cfg_path = folder / "tokenizer_config.json"
-        self.config = json.loads(cfg_path.read_text()) if cfg_path.is_file() else {}
+        try:
+            self._tok = HFTokenizer.from_file(str(path))
+            cfg_path = folder / "tokenizer_config.json"
+            self.config = json.loads(cfg_path.read_text()) if cfg_path.is_file() else {}
+        except Exception as exc:  # noqa: BLE001 - tokenizers raises a bare Exception on a bad file
+            raise TokenizerError(f"{folder}'s tokenizer files do not load ({type(exc).__name__}: {exc}). "
+                                 "Re-download the checkpoint or replace tokenizer.json / tokenizer_config.json.") from None
         self.special_tokens = {k: _content(self.config.get(k)) for k in SPECIAL_KEYS if self.config.get(k)}
-        self.chat_template = self._find_template(folder)
+        self.templates = self._find_templates(folder)
+        self._compiled: dict[str, jinja2.Template] = {}
         self._special_ids = {i for i, t in self._tok.get_added_tokens_decoder().items() if t.special}
         self._env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                                   extensions=["jinja2.ext.loopcontrols"])
         self._env.filters["tojson"] = _tojson
         self._env.globals["raise_exception"] = _raise_exception
         self._env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-        self._compiled = None
 
-    def _find_template(self, folder: Path) -> str | None:
+    def _find_templates(self, folder: Path) -> dict[str, str]:
+        """Name -> template; ``default`` is the plain one. A list in tokenizer_config.json names them
+        (``[{"name": "default", ...}, {"name": "tool_use", ...}]``), as Hugging Face reads it."""
         jinja_file = folder / "chat_template.jinja"
         if jinja_file.is_file():
-            return jinja_file.read_text()
+            return {"default": jinja_file.read_text()}
         template = self.config.get("chat_template")
-        if isinstance(template, list):  # named templates: [{"name": "default", "template": ...}]
-            named = {t.get("name"): t.get("template") for t in template}
-            template = named.get("default") or next(iter(named.values()), None)
-        return template
+        if isinstance(template, list):
+            named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict) and t.get("template")}
+            if named and "default" not in named:
+                named["default"] = next(iter(named.values()))
+            return named
+        return {"default": template} if template else {}
+
+    @property
+    def chat_template(self) -> str | None:
+        return self.templates.get("default")
+
+    @property
+    def renders_tools(self) -> bool:
+        """Whether a template here writes a tool listing (LLaDA's does not: tools go in as text)."""
+        return any("tools" in t for t in self.templates.values())
 
     @property
     def vocab_size(self) -> int:
@@ -81,12 +98,14 @@ class Tokenizer:
             raise TokenizerError("This checkpoint has no chat template (tokenizer_config.json "
                                  "'chat_template' or chat_template.jinja). Use generate() with a raw "
                                  "prompt, or add a chat template to the checkpoint.")
+        name = "tool_use" if tools and "tool_use" in self.templates else "default"
         try:
-            if self._compiled is None:
-                self._compiled = self._env.from_string(self.chat_template)
-            return self._compiled.render(messages=messages, tools=tools or None,
-                                         add_generation_prompt=add_generation_prompt,
-                                         **self.special_tokens, **kwargs)
+            if name not in self._compiled:
+                self._compiled[name] = self._env.from_string(self.templates[name])
+            # the caller's values win over the checkpoint's special tokens, as in transformers
+            return self._compiled[name].render(messages=messages, tools=tools or None,
+                                               add_generation_prompt=add_generation_prompt,
+                                               **{**self.special_tokens, **kwargs})
         except TokenizerError:
             raise
         except jinja2.exceptions.SecurityError as exc:
