@@ -134,3 +134,40 @@ def test_no_model_and_no_embedded_checkpoint_says_what_to_do(monkeypatch, tmp_pa
         loader.resolve_checkpoint(loader.default_model())
     monkeypatch.setenv("DLM_MODEL", str(PARITY / "llada-tiny"))
     assert loader.resolve_checkpoint(loader.default_model()) == PARITY / "llada-tiny"
+
+
+def test_a_tensor_with_no_place_is_named_and_known_leftovers_are_skipped(tmp_path):
+    """LLaDA with include_bias has biases on every layer; dropping them gave wrong logits silently."""
+    ckpt = _copy(tmp_path)
+    state = load_file(str(ckpt / "model.safetensors"))
+    save_file({**state, "model.transformer.rotary_emb.inv_freq": torch.ones(4)}, str(ckpt / "model.safetensors"))
+    _engine(ckpt)
+    save_file({**state, "model.transformer.blocks.0.ff_out.bias": torch.zeros(64)}, str(ckpt / "model.safetensors"))
+    with pytest.raises(CheckpointError, match=r"no place for: model\.transformer\.blocks\.0\.ff_out\.bias"):
+        _engine(ckpt)
+
+
+def test_broken_files_are_checkpoint_errors_naming_them(tmp_path):
+    ckpt = _copy(tmp_path)
+    weights = (ckpt / "model.safetensors").read_bytes()
+    (ckpt / "model.safetensors").write_bytes(weights[:len(weights) // 2])        # a download cut short
+    with pytest.raises(CheckpointError, match="model.safetensors is not a readable safetensors file"):
+        _engine(ckpt)
+    (ckpt / "model.safetensors").write_bytes(weights)
+    (ckpt / "generation_config.json").write_text('{"eos_token_id": ')
+    with pytest.raises(CheckpointError, match="generation_config.json is not valid JSON"):
+        _engine(ckpt)
+
+
+def test_a_name_that_is_neither_folder_nor_hub_id_says_so(tmp_path):
+    with pytest.raises(ModelNotFoundError, match="neither an existing folder nor a hub id"):
+        _engine("my model")
+
+
+def test_a_sharded_pickle_checkpoint_is_refused_by_its_index(tmp_path):
+    """A hub download never fetches .bin files, but it does fetch pytorch_model.bin.index.json."""
+    ckpt = _copy(tmp_path)
+    (ckpt / "model.safetensors").unlink()
+    (ckpt / "pytorch_model.bin.index.json").write_text('{"weight_map": {}}')
+    with pytest.raises(UnsafeCheckpointError, match="pytorch_model.bin.index.json"):
+        _engine(ckpt)

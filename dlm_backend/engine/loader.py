@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from tqdm.auto import tqdm
 
 from dlm_backend.engine.models.base import DiffusionLM
@@ -21,6 +21,10 @@ from dlm_backend.errors import CheckpointError, ModelNotFoundError, UnsafeCheckp
 
 HUB_PATTERNS = ["*.json", "*.safetensors", "*.jinja", "tokenizer*"]
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+#: Tensors some exports carry that no implementation needs: rotary tables recomputed at load, and
+#: (for a tied model) a copy of the embedding saved as the head.
+HARMLESS_EXTRAS = ("rotary_emb.inv_freq",)
+HEADS = ("lm_head.weight", "transformer.ff_out.weight")
 # Show a progress bar only when loading is slow enough to notice.
 PROGRESS_MIN_BYTES = 256 * 2**20
 
@@ -54,10 +58,14 @@ def resolve_checkpoint(model: str | os.PathLike, revision: str | None = None,
         raise ModelNotFoundError(f"Model folder {name!r} does not exist. Pass an existing checkpoint "
                                  "folder or a hub id like 'GSAI-ML/LLaDA-8B-Instruct'.")
     from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError
+    from huggingface_hub.errors import (HfHubHTTPError, HFValidationError, LocalEntryNotFoundError,
+                                        RepositoryNotFoundError)
 
     try:
         return Path(snapshot_download(name, revision=revision, allow_patterns=patterns))
+    except HFValidationError as exc:        # "my model", "C:\\models\\llada": neither a folder nor an id
+        raise ModelNotFoundError(f"{name!r} is neither an existing folder nor a hub id ({exc}). Pass a "
+                                 "checkpoint folder or an id like 'GSAI-ML/LLaDA-8B-Instruct'.") from None
     except LocalEntryNotFoundError as exc:
         raise ModelNotFoundError(
             f"Model {name!r} is not in the local Hugging Face cache and the hub cannot be reached "
@@ -80,11 +88,22 @@ def read_config(folder: Path) -> dict:
     if not config_path.is_file():
         raise CheckpointError(f"{folder} has no config.json. Point at the folder that holds the "
                               "checkpoint's config.json and safetensors files.")
-    config = json.loads(config_path.read_text())
+    config = read_json(config_path)
     generation_path = folder / "generation_config.json"
     if generation_path.is_file():
-        config["_generation_config"] = json.loads(generation_path.read_text())
+        config["_generation_config"] = read_json(generation_path)
     return config
+
+
+def read_json(path: Path) -> dict:
+    """A checkpoint's JSON file; a truncated or hand-broken one is a CheckpointError naming it."""
+    try:
+        value = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"{path} is not valid JSON ({exc}). Re-download the checkpoint or fix the file.") from None
+    if not isinstance(value, dict):
+        raise CheckpointError(f"{path} must hold a JSON object. Re-download the checkpoint or fix the file.")
+    return value
 
 
 def context_length(model: str, revision: str | None = None) -> int:
@@ -101,7 +120,7 @@ def safetensors_files(folder: Path) -> list[Path]:
     """The weight files, from ``model.safetensors.index.json`` when sharded."""
     index = folder / "model.safetensors.index.json"
     if index.is_file():
-        weight_map = json.loads(index.read_text()).get("weight_map", {})
+        weight_map = read_json(index).get("weight_map", {})
         files = sorted({folder / name for name in weight_map.values()})
         missing = [f.name for f in files if not f.is_file()]
         if missing:
@@ -113,14 +132,17 @@ def safetensors_files(folder: Path) -> list[Path]:
     files = sorted(folder.glob("model*.safetensors"))
     if files:
         return files
-    pickles = sorted(p.name for p in folder.iterdir() if p.suffix in PICKLE_SUFFIXES)
+    # A hub download fetches no pickle, but a sharded one's index (pytorch_model.bin.index.json) shows it.
+    pickles = sorted(p.name for p in folder.iterdir() if p.suffix in PICKLE_SUFFIXES or p.name.endswith(".bin.index.json"))
     if pickles:
         raise UnsafeCheckpointError(
             f"{folder} holds only pickle weights ({', '.join(pickles)}). Pickle files can run arbitrary "
             "code when loaded, so dlm_backend never reads them. Convert the checkpoint to safetensors "
             "(e.g. `safetensors.torch.save_file(torch.load(f, weights_only=True), 'model.safetensors')` "
             "in a trusted environment) or use a repository that publishes safetensors.")
-    raise CheckpointError(f"{folder} has no model*.safetensors weights. Point at a complete checkpoint folder.")
+    raise CheckpointError(f"{folder} has no model*.safetensors weights. Point at a complete checkpoint folder "
+                          "(a hub repository that publishes only pickle .bin weights is not read: use one with "
+                          "safetensors).")
 
 
 def default_dtype(device: torch.device) -> torch.dtype:
@@ -137,22 +159,37 @@ def load_model(folder: Path, config: dict, device: torch.device, dtype: torch.dt
     files = safetensors_files(folder)
     state: dict[str, torch.Tensor] = {}
     shape_errors: list[str] = []
+    unexpected: list[str] = []
     total = sum(f.stat().st_size for f in files)
     # Read straight onto the target device; the dtype cast then runs there too.
     target = f"cuda:{device.index or 0}" if device.type == "cuda" else str(device)
     with tqdm(total=total, unit="B", unit_scale=True, desc="Loading weights",
               disable=total < PROGRESS_MIN_BYTES) as bar:
         for file in files:
-            with safe_open(str(file), framework="pt", device=target) as f:
+            try:
+                reader = safe_open(str(file), framework="pt", device=target)
+            except (SafetensorError, OSError) as exc:
+                raise CheckpointError(f"{file} is not a readable safetensors file ({exc}); a download may "
+                                      "have stopped part way. Re-download the checkpoint.") from None
+            with reader as f:
                 for name in f.keys():
                     if name not in expected:
-                        continue  # e.g. rotary inv_freq buffers some exports carry
+                        unexpected.append(name)
+                        continue
                     shape = tuple(f.get_slice(name).get_shape())
                     if shape != expected[name]:
                         shape_errors.append(f"{name}: expected {list(expected[name])}, found {list(shape)}")
                         continue
                     state[name] = f.get_tensor(name).to(dtype)
             bar.update(file.stat().st_size)
+    # A tensor the implementation has no place for would be dropped and the logits silently wrong
+    # (e.g. LLaDA with include_bias: biases on every layer); only known leftovers are skipped.
+    tied = bool(config.get("tie_word_embeddings") or config.get("weight_tying"))
+    unexpected = [n for n in unexpected if not n.endswith(HARMLESS_EXTRAS) and not (tied and n.endswith(HEADS))]
+    if unexpected:
+        shown = ", ".join(unexpected[:8]) + (f" and {len(unexpected) - 8} more" if len(unexpected) > 8 else "")
+        raise CheckpointError(f"Tensors in {folder} that {cls.__name__} has no place for: {shown}. The "
+                              "checkpoint is of another variant than its config.json says, or not supported.")
     missing = sorted(set(expected) - set(state) - {n.split(": ")[0] for n in shape_errors})
     if shape_errors:
         raise CheckpointError(f"Tensors with the wrong shape for {cls.__name__} in {folder}: "
