@@ -70,6 +70,13 @@ def test_another_sampler_drops_the_checkpoint_defaults_and_cfg_gets_its_cache(tm
         llm.sampling_params(cfg_scale=1.0, cache="dual")                               # the caller's own choice
 
 
+def test_defaults_that_name_no_sampler_hold_for_every_sampler(tmp_path):
+    llm = LLM(_with_defaults(tmp_path, {"block_length": 8, "cache": "prefix"}))
+    for sampler in ("llada", "threshold"):
+        p = sampling_params(llm, {}, {"sampler": sampler})
+        assert (p.sampler, p.block_length, p.cache) == (sampler, 8, "prefix")
+
+
 def test_llm_methods_without_params_use_the_checkpoint_defaults(tmp_path, monkeypatch):
     llm = LLM(_with_defaults(tmp_path, {"sampler": "llada", "block_length": 4}))
     submitted = []

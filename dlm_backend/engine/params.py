@@ -143,7 +143,8 @@ def layered(checkpoint: dict, given: dict, base: dict | None = None) -> dict:
     """SamplingParams fields from ``base``, then the checkpoint's defaults, then what the caller gave.
 
     The checkpoint's defaults describe one decoding set-up (its sampler's block, cache and
-    threshold), so they are dropped when the caller picks another sampler. A caller's
+    threshold), so they are dropped when the caller picks another sampler. Defaults that name no
+    sampler (a block length and cache only, say) hold for every sampler. A caller's
     ``cfg_scale > 0`` with no cache of its own gets ``cache="none"``, which CFG needs.
     """
     sampler = given.get("sampler")
