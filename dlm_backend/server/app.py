@@ -25,6 +25,7 @@ from dlm_backend import chat
 from dlm_backend.adapters.common import sampling_params
 from dlm_backend.engine.engine import DTYPES
 from dlm_backend.engine.llm import LLM
+from dlm_backend.engine.loader import default_model
 from dlm_backend.errors import DLMError, EngineError, QueueFullError
 from dlm_backend.server.metrics import CONTENT_TYPE, make_registry, metrics_text
 from dlm_backend.server.protocol import ChatCompletionRequest, CompletionRequest
@@ -64,7 +65,7 @@ def create_app(model: str | None = None, served_name: str | None = None, device:
     if cfg.dtype != "auto" and cfg.dtype not in DTYPES:    # before serving, even with --lazy
         raise DLMError(f"dtype {cfg.dtype!r} is not supported; use 'auto' or one of {', '.join(DTYPES)}.")
     app = FastAPI(title="dlm_backend", version="0.1.0")
-    name = cfg.served_name or (cfg.model or "dlm-tiny").rstrip("/").split("/")[-1]
+    name = cfg.served_name or (cfg.model or default_model()).rstrip("/").split("/")[-1]
     state: dict = {}
 
     def llm() -> LLM:

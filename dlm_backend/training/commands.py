@@ -46,7 +46,7 @@ def register_commands(subparsers):
         p.add_argument("--" + f.name.replace("_", "-"), dest=f.name, default=None, help=f"default {f.default}", **kind)
     p.set_defaults(func=_train)
     p = subparsers.add_parser("eval", help="held-out quality and speed for every sampler and cache mode")
-    p.add_argument("model", nargs="?", default=None, help="checkpoint (default: the embedded dlm-tiny)")
+    p.add_argument("model", nargs="?", default=None, help="checkpoint (default: $DLM_MODEL, else the embedded dlm-tiny)")
     p.add_argument("--per-family", type=int, default=50)
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--block-length", type=int, default=32)

@@ -216,3 +216,15 @@ def test_serve_loads_in_the_dtype_asked_and_refuses_an_unknown_one(dream_chat, c
     assert app.state.llm().engine.dtype == torch.bfloat16
     assert main(["serve", str(dream_chat), "--lazy", "--dtype", "bogus"]) == 2      # before uvicorn starts
     assert "dtype 'bogus' is not supported" in capsys.readouterr().err
+
+
+def test_the_served_name_follows_dlm_model(dream_chat, monkeypatch):
+    """`DLM_MODEL=... dlm serve` loads that model; /v1/models said dlm-tiny all the same."""
+    from fastapi.testclient import TestClient
+
+    monkeypatch.setenv("DLM_MODEL", str(dream_chat))
+    with TestClient(create_app()) as client:
+        assert [m["id"] for m in client.get("/v1/models").json()["data"]] == [dream_chat.name]
+    monkeypatch.delenv("DLM_MODEL")
+    with TestClient(create_app()) as client:
+        assert [m["id"] for m in client.get("/v1/models").json()["data"]] == ["dlm-tiny"]
