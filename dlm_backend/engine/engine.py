@@ -26,6 +26,12 @@ from dlm_backend.errors import ContextLengthError, DLMError, QueueFullError, Sam
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
+def check_dtype(dtype: str) -> None:
+    """A DLMError for a dtype name the engine cannot load in."""
+    if dtype != "auto" and dtype not in DTYPES:
+        raise DLMError(f"dtype {dtype!r} is not supported; use 'auto' or one of {', '.join(DTYPES)}.")
+
+
 @dataclass
 class EngineConfig:
     """How to build an engine. ``device``/``dtype`` default to CUDA+bf16 when present, else CPU+fp32."""
@@ -40,8 +46,7 @@ class EngineConfig:
     max_waiting: int = 1024          # queued (not yet running) requests; beyond it add_request refuses
 
     def __post_init__(self):
-        if self.dtype != "auto" and self.dtype not in DTYPES:
-            raise DLMError(f"dtype {self.dtype!r} is not supported; use 'auto' or one of {', '.join(DTYPES)}.")
+        check_dtype(self.dtype)
         if min(self.max_num_seqs, self.max_num_batched_tokens, self.max_waiting) < 1:
             raise DLMError("max_num_seqs, max_num_batched_tokens and max_waiting must be >= 1.")
 

@@ -23,7 +23,7 @@ from starlette.exceptions import HTTPException
 
 from dlm_backend import chat
 from dlm_backend.adapters.common import sampling_params
-from dlm_backend.engine.engine import DTYPES
+from dlm_backend.engine.engine import check_dtype
 from dlm_backend.engine.llm import LLM
 from dlm_backend.engine.loader import default_model
 from dlm_backend.errors import DLMError, EngineError, QueueFullError
@@ -62,8 +62,7 @@ def create_app(model: str | None = None, served_name: str | None = None, device:
                config: ServerConfig | None = None) -> FastAPI:
     """The app for one model; it loads on the first request (or at startup with ``app.state.llm()``)."""
     cfg = config or ServerConfig(model=model, served_name=served_name, device=device)
-    if cfg.dtype != "auto" and cfg.dtype not in DTYPES:    # before serving, even with --lazy
-        raise DLMError(f"dtype {cfg.dtype!r} is not supported; use 'auto' or one of {', '.join(DTYPES)}.")
+    check_dtype(cfg.dtype)                 # before serving, even with --lazy
     app = FastAPI(title="dlm_backend", version="0.1.0")
     name = cfg.served_name or (cfg.model or default_model()).rstrip("/").split("/")[-1]
     state: dict = {}
