@@ -142,3 +142,14 @@ def test_sampled_tokens_are_reproducible_for_a_seed():
     c = [ThresholdSampler().step(_input(logits, params, seed=s)).token_ids for s in range(4, 12)]
     assert a == b
     assert any(tokens != a.token_ids for tokens in c)
+
+
+def test_dream_sampling_survives_a_top_k_that_keeps_only_the_mask():
+    # Row 0's most likely token is the mask id; top_k=1 keeps nothing else, so the sampled
+    # distribution would be empty. The row must still fill, with its best real token (3).
+    logits = _peaked([(5, 0.9), (4, 0.8)])
+    logits[0, 3] = logits[0, 5] - 1
+    params = SamplingParams(sampler="dream", temperature=0.7, top_k=1, max_tokens=2, steps=1)
+    sampler = DreamSampler()
+    commit = sampler.step(_input(logits, params, step=0, state=sampler.begin_block(2, 1, params)))
+    assert sorted(zip(commit.indices, commit.token_ids)) == [(0, 3), (1, 4)]

@@ -45,6 +45,7 @@ def sample_tokens(logits: torch.Tensor, params: SamplingParams, generator: torch
     """(confidence, token) per row, following the reference ``sample_tokens``."""
     if params.temperature > 0:
         logits = logits / params.temperature
+    unfiltered = logits
     if params.top_p is not None and params.top_p < 1:
         logits = top_p_filter(logits, params.top_p)
     if params.top_k is not None:
@@ -57,6 +58,14 @@ def sample_tokens(logits: torch.Tensor, params: SamplingParams, generator: torch
         pick[:, mask_id] = -1
     if params.temperature > 0:
         sample_probs = pick.float().clamp_min(0)
+        # A narrow top_k/top_p can keep the mask token alone; its row then has no mass left and
+        # multinomial would raise. Such a row takes its most likely real token instead.
+        empty = sample_probs.sum(dim=-1) == 0                    # [N]
+        if empty.any():
+            real = unfiltered[empty].clone()
+            if 0 <= mask_id < real.shape[-1]:
+                real[:, mask_id] = -torch.inf
+            sample_probs[empty] = torch.nn.functional.one_hot(real.argmax(dim=-1), real.shape[-1]).float()
         x0 = torch.multinomial(sample_probs, 1, generator=generator)[:, 0]
         confidence = probs.gather(-1, x0[:, None])[:, 0]
     else:
