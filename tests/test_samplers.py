@@ -153,3 +153,13 @@ def test_dream_sampling_survives_a_top_k_that_keeps_only_the_mask():
     sampler = DreamSampler()
     commit = sampler.step(_input(logits, params, step=0, state=sampler.begin_block(2, 1, params)))
     assert sorted(zip(commit.indices, commit.token_ids)) == [(0, 3), (1, 4)]
+
+
+@pytest.mark.parametrize("max_tokens,block,steps", [(64, 32, 64), (64, 32, 16), (10, 4, 3), (10, 4, 7), (37, 8, 20)])
+def test_block_steps_add_up_to_steps(max_tokens, block, steps):
+    params = SamplingParams(sampler="llada", max_tokens=max_tokens, block_length=block, steps=steps)
+    spans = [(s, min(s + block, max_tokens)) for s in range(0, max_tokens, block)]
+    per_block = [LLaDASampler().steps_for_block(params, s, e) for s, e in spans]
+    assert sum(per_block) == steps and min(per_block) >= 1
+    if max_tokens % block == 0 and steps % len(spans) == 0:     # the reference's steps // num_blocks
+        assert per_block == [steps // len(spans)] * len(spans)

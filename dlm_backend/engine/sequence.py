@@ -116,7 +116,8 @@ class Sequence:
 
     def begin_block_if_needed(self) -> None:
         if self.block_state is None:
-            steps = self.sampler.steps_for_block(self.params, self.block_end - self.block_start)
+            steps = self.sampler.steps_for_block(self.params, self.block_start - self.prompt_len,
+                                                 self.block_end - self.prompt_len)
             self.block_state = self.sampler.begin_block(len(self.masked_in_block), steps, self.params)
 
     def commit(self, positions: list[int], token_ids: list[int]) -> None:

@@ -8,7 +8,6 @@ from ``begin_block`` and is kept on the sequence.
 
 from __future__ import annotations
 
-import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import ClassVar
@@ -63,14 +62,16 @@ class Sampler(ABC):
         size = params.block_length or self.default_block_length or params.max_tokens
         return min(size, params.max_tokens)
 
-    def steps_for_block(self, params: SamplingParams, block_len: int) -> int:
-        """Passes for a block of ``block_len`` slots: ``steps`` spread evenly over the canvas.
+    def steps_for_block(self, params: SamplingParams, start: int, end: int) -> int:
+        """Passes for the block over reply slots ``[start, end)``: ``steps`` spread evenly over the canvas.
 
         With ``max_tokens % block_length == 0`` and ``steps % num_blocks == 0`` this is the reference's
-        ``steps // num_blocks``; a shorter last block gets its proportional share (at least 1).
+        ``steps // num_blocks``. Otherwise each block gets the share that falls on its slots, so the
+        blocks' passes add up to ``steps`` (a block gets at least 1, so only ``steps`` below the
+        number of blocks is exceeded).
         """
         total = params.steps or params.max_tokens
-        return max(1, math.ceil(total * block_len / params.max_tokens))
+        return max(1, total * end // params.max_tokens - total * start // params.max_tokens)
 
     def begin_block(self, num_masked: int, steps: int, params: SamplingParams) -> object:
         """Per-block state, built when a block starts with ``num_masked`` masked slots."""
