@@ -48,7 +48,9 @@ def test_cached_window_on_unchanged_canvas_equals_full_pass(family):
         for start, end in [(bs, L), (bs - 1, be)]:      # prefix window, shifted dual window
             with attention_context(AttentionContext([Segment(slice(0, end - start), start, cache)])):
                 part = model(canvas[start:end], torch.arange(start, end))
-            torch.testing.assert_close(part, full[start:end], atol=1e-5, rtol=1e-5)
+            # A plumbing error moves logits by 0.1 or more; a window of other length can take another
+            # float32 matmul kernel (a fresh clone on 2 threads saw 3.8e-5 on one of 576 logits).
+            torch.testing.assert_close(part, full[start:end], atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("cache", ["prefix", "dual"])
