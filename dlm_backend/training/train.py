@@ -131,12 +131,12 @@ def model_config(cfg: TrainConfig, tok: Tokenizer) -> dict:
 
 
 #: How dlm-tiny decodes unless the caller says otherwise (``generation_config.json``'s
-#: ``dlm_sampling``). Chosen on p3, held-out, 200 a family, with the prefix cache: the threshold rule at 0.95 and
-#: block 4 scores 69.6% exact and 96.8% valid at 0.558 forward passes per token, against `llada`
-#: one token per pass at block 32 (69.0%, 98.5%, 2.134); at block 8 68.8% and 93.8%, and 0.9 at
-#: block 4 68.7% and 93.5%. At the adapters' usual block of 32 (dual) 0.9 falls to 60.1%: each
-#: pass leaves more masked neighbours to commit wrongly together (``"Tarnholroum"``). On the
-#: shipped s5 the default is 72.1% and 96.0% at 0.539 passes per token (``llada`` 72.0%, 99.2%).
+#: ``dlm_sampling``). Chosen on p3, held-out, 200 a family, with the prefix cache: the threshold
+#: rule at 0.95 and block 4 scores 69.6% exact and 96.8% valid at 0.558 forward passes per token,
+#: against `llada` one token per pass at block 32 (69.0%, 98.5%, 2.134); at block 8 68.8% and
+#: 93.8%, and 0.9 at block 4 68.7% and 93.5%. At the adapters' usual block of 32 (dual) 0.9 falls
+#: to 60.1%: each pass leaves more masked neighbours to commit wrongly together (``"Tarnholroum"``).
+#: On the shipped s5 the default is 72.1% and 96.0% at 0.539 passes per token (``llada`` 72.0%, 99.2%).
 SAMPLING_DEFAULTS = {"sampler": "threshold", "threshold": 0.95, "block_length": 4, "cache": "prefix"}
 
 
