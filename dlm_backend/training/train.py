@@ -69,7 +69,8 @@ class TrainConfig:
     # Training mix for a stage: "qa=0.35,list=0.12" overrides those families' corpus weights, and
     # ``unanswerable`` is the share of QA questions answered "The context does not say." (0.15 in the
     # held-out set). p2 refused only 3 of the 23 unanswerable questions in 200 held-out QA prompts;
-    # a stage with qa=0.35 and unanswerable 0.3 (p4) refused 3 too (docs/dlm-tiny/findings.md).
+    # a stage with qa=0.35 and unanswerable 0.3 (p4) refused 3 too. Once the model binds values to
+    # people (s5, 38/43 distractors), a stage at 0.35 (s6) took refusals from 2 to 9 of 23 (findings.md).
     family_weights: str = ""
     unanswerable: float = 0.15
     # Share of QA contexts where another person has the asked attribute too. p3 answers those 20/43
@@ -136,7 +137,7 @@ def model_config(cfg: TrainConfig, tok: Tokenizer) -> dict:
 #: against `llada` one token per pass at block 32 (69.0%, 98.5%, 2.134); at block 8 68.8% and
 #: 93.8%, and 0.9 at block 4 68.7% and 93.5%. At the adapters' usual block of 32 (dual) 0.9 falls
 #: to 60.1%: each pass leaves more masked neighbours to commit wrongly together (``"Tarnholroum"``).
-#: On the shipped s5 the default is 72.1% and 96.0% at 0.539 passes per token (``llada`` 72.0%, 99.2%).
+#: On the shipped s6 the default is 73.4% and 97.8% at 0.519 passes per token (``llada`` 72.8%, 99.5%).
 SAMPLING_DEFAULTS = {"sampler": "threshold", "threshold": 0.95, "block_length": 4, "cache": "prefix"}
 
 

@@ -65,9 +65,9 @@ class TestChatDLMIntegration(ChatDLMSuite, ChatModelIntegrationTests):
         "fills the argument with an ASCII word instead")
     test_agent_loop = xfail(ChatModelIntegrationTests.test_agent_loop,
                             "model capability: dlm-tiny learned get_weather(city) from its tool catalog; for "
-                            "the suite's get_weather(location) it writes no call the test accepts (p3 called "
-                            "send_email, a catalog tool the test did not offer)")
+                            "the suite's get_weather(location) it writes no call the test accepts (s6 starts a call to "
+                            "lookup_weather, a name offered nowhere, and never closes it)")
     test_json_mode = xfail(ChatModelIntegrationTests.test_json_mode,
                            "model capability: json_mode has no schema to template, and dlm-tiny's free-form "
-                           "JSON for the Joke request has keys from its training schemas (s5: product, city), "
+                           "JSON for the Joke request has keys from its training schemas (s6: product, city), "
                            "not setup and punchline")
