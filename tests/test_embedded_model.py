@@ -7,6 +7,7 @@ import pytest
 from dlm_backend import LLM, SamplingParams
 from dlm_backend.chat import ChatRequest, complete
 from dlm_backend.tool_calls import parse_tool_calls
+from dlm_backend.training.corpus import NOT_IN_CONTEXT
 from dlm_backend.engine.loader import EMBEDDED_MODEL
 from dlm_backend.training.evaluate import default_configs, evaluate, held_out, score
 
@@ -45,6 +46,18 @@ def test_answers_held_out_prompts(family):
                            sampling_params=GREEDY)
     scores = [score(e, o.text)["exact"] for e, o in zip(examples, outputs)]
     assert sum(scores) >= 3, [(e.target, o.text) for e, o in zip(examples, outputs)]
+
+
+
+def test_says_so_when_the_answer_is_not_in_the_context():
+    """RAG's other half: no made-up answer. The 10 held-out questions (of 200) about an attribute
+    nobody in the context has; s6 refuses 9 at its defaults, s5 (shipped before it) refused 5."""
+    llm = LLM()
+    examples = [e for e in held_out(200) if e.family == "qa" and e.target == NOT_IN_CONTEXT
+                and not e.expected["distractor"]]
+    outputs = llm.generate(prompt_token_ids=[llm.encode_chat(e.messages) for e in examples])
+    refused = [o.text.strip() == NOT_IN_CONTEXT for o in outputs]
+    assert len(examples) == 10 and sum(refused) >= 6, [o.text for o in outputs]
 
 
 WEATHER = [{"type": "function", "function": {
