@@ -42,8 +42,8 @@ from dlm_backend.engine.tokenizer import Tokenizer as ChatTokenizer
 from dlm_backend.training import corpus
 from dlm_backend.training.circuits import build_copy_circuit, neighbour_bias
 from dlm_backend.training.objective import PackedBatches
-from dlm_backend.training.train import (TrainConfig, build_tokenizer, encode_examples, init_weights,
-                                        model_config, write_checkpoint_files)
+from dlm_backend.training.checkpoint import build_tokenizer, model_config, write_checkpoint_files
+from dlm_backend.training.train import TrainConfig, encode_examples, init_weights
 
 
 def positional_heads(model: DreamModel, theta: float) -> None:

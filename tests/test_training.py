@@ -15,8 +15,8 @@ from dlm_backend.training.evaluate import (default_configs, evaluate, format_tab
                                           select_configs, wilson)
 from dlm_backend.engine.tokenizer import Tokenizer as ChatTokenizer
 from dlm_backend.training.objective import PackedBatches
-from dlm_backend.training.train import (TrainConfig, build_tokenizer, encode_examples, model_config, parse_weights,
-                                        train, write_checkpoint_files)
+from dlm_backend.training.checkpoint import build_tokenizer, model_config, write_checkpoint_files
+from dlm_backend.training.train import TrainConfig, encode_examples, parse_weights, train
 
 TINY = TrainConfig(num_examples=300, vocab_size=512, hidden_size=32, num_layers=3, num_heads=2, pointer_layer=2,
                    num_kv_heads=1, intermediate_size=64, rows=4, steps=4, warmup=2, save_every=2)
