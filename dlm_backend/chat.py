@@ -34,6 +34,9 @@ def _text(content) -> str:
             if isinstance(part, str):
                 parts.append(part)
             elif isinstance(part, dict) and part.get("type") in ("text", "input_text", None) and "text" in part:
+                if not isinstance(part["text"], str):
+                    raise DLMError(f"A text content part's 'text' must be a string, not "
+                                   f"{type(part['text']).__name__}: send {{'type': 'text', 'text': '...'}}.")
                 parts.append(part["text"])
             else:
                 raise DLMError(f"Unsupported message content part {part.get('type') if isinstance(part, dict) else part!r}: "
@@ -158,6 +161,8 @@ class Prepared:
         self.choosing = forced is True
         if self.choosing:
             self.template = llm.tokenizer.encode(NAME_HEAD)
+            for tool in tools:    # whichever the name pass picks must fit: fail now, not after a 200
+                self._plan(tool["function"]["name"])
         elif forced:
             self.force(forced)
         elif request.response_format and request.response_format.get("type", "text") != "text":
@@ -168,10 +173,14 @@ class Prepared:
     def force(self, name: str) -> None:
         """Make the response a call to tool ``name``: a skeleton when its parameters can be templated."""
         self.forced, self.choosing = name, False
+        self.call_plan, self.template = self._plan(name)
+
+    def _plan(self, name: str) -> tuple[JsonPlan | None, list]:
+        """The call skeleton for tool ``name`` and its template (DLMError when it does not fit)."""
         head = OPEN + "\n" + '{"name": ' + json.dumps(name) + ', "arguments": '
         params = next(t["function"]["parameters"] for t in self.tools if t["function"]["name"] == name)
-        self.call_plan = plan_tool_call(self.llm.tokenizer, head, params, "}\n" + CLOSE, self.request.params.max_tokens)
-        self.template = self.call_plan.template if self.call_plan else self.llm.tokenizer.encode(head.rstrip())
+        plan = plan_tool_call(self.llm.tokenizer, head, params, "}\n" + CLOSE, self.request.params.max_tokens)
+        return plan, plan.template if plan else self.llm.tokenizer.encode(head.rstrip())
 
     @property
     def name_pass(self) -> SamplingParams:

@@ -99,7 +99,12 @@ def tool_choice_name(tool_choice, tools: list[dict] | None) -> str | None | bool
         if not names:
             raise DLMError("tool_choice requires a tool call but no tools were given; pass tools.")
         return names[0] if len(names) == 1 else True
-    name = tool_choice.get("function", {}).get("name") if isinstance(tool_choice, dict) else tool_choice
+    name = tool_choice.get("function") if isinstance(tool_choice, dict) else tool_choice
+    if isinstance(name, dict):
+        name = name.get("name")
+    if not isinstance(name, str):
+        raise DLMError(f"tool_choice {tool_choice!r} names no tool: give \"auto\", \"none\", \"required\", a tool "
+                       'name, or {"type": "function", "function": {"name": "<tool>"}}.')
     if name not in names:
         raise DLMError(f"tool_choice names {name!r}, which is not among the tools ({', '.join(names)}).")
     return name

@@ -237,8 +237,13 @@ class LLMEngine:
         if self.tokenizer is not None:
             text = self.tokenizer.decode(tokens)
             emitted = self._texts.get(seq.seq_id, "")
-            for stop in seq.params.stop:
-                at = text.find(stop, max(0, len(emitted) - len(stop)))
+            # Stop strings, like stop tokens, count only past a response template: its fixed text
+            # (a forced call's '<tool_call>\n{"name": ...', a JSON skeleton's quotes) was not generated,
+            # and a stop of '"' or '\n' there emptied the answer it was meant to shape.
+            n_template = seq.template_end - seq.prompt_len
+            free_from = len(self.tokenizer.decode(tokens[:n_template])) if n_template else 0
+            for stop in seq.params.stop if len(tokens) >= n_template else ():
+                at = text.find(stop, max(free_from, len(emitted) - len(stop)))
                 if at != -1:
                     # One pass may commit a block past the stop string: the output (and the usage
                     # count) ends at the token that completes it, as a one-token-a-step engine's would.

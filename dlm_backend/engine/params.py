@@ -79,7 +79,9 @@ class SamplingParams:
             (self.temperature >= 0, "temperature must be >= 0 (0 is greedy)"),
             (self.top_p is None or 0 < self.top_p <= 1, "top_p must be in (0, 1]"),
             (self.top_k is None or (_is_int(self.top_k) and self.top_k >= 1), "top_k must be an integer >= 1"),
-            (self.seed is None or _is_int(self.seed), "seed must be an integer"),
+            # torch.Generator.manual_seed takes [-2**63, 2**64); past that it fails inside the engine.
+            (self.seed is None or (_is_int(self.seed) and -2**63 <= self.seed < 2**64),
+             "seed must be an integer in [-2**63, 2**64)"),
             (all(isinstance(s, str) and s for s in self.stop), "stop must be non-empty strings"),
             (self.cache in CACHE_MODES, f"cache must be one of {', '.join(CACHE_MODES)}"),
             (0 < self.threshold <= 1, "threshold must be in (0, 1]"),

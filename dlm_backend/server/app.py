@@ -1,4 +1,4 @@
-"""FastAPI app: /v1/models, /v1/chat/completions, /v1/completions, /metrics, /health.
+"""FastAPI app: /v1/models (and /v1/models/{id}), /v1/chat/completions, /v1/completions, /metrics, /health.
 
 Routes translate OpenAI requests into the shared chat core (:mod:`dlm_backend.chat`) and results
 back; they hold no engine logic. Bad input is a 4xx with a message saying what to fix, never a
@@ -130,12 +130,28 @@ def create_app(model: str | None = None, served_name: str | None = None, device:
     async def metrics():
         return Response(metrics_text(registry), media_type=CONTENT_TYPE)
 
+    card = {"id": name, "object": "model", "created": 0, "owned_by": "dlm_backend"}
+
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "dlm_backend"}]}
+        return {"object": "list", "data": [card]}
+
+    @app.get("/v1/models/{model_id:path}")      # client.models.retrieve; hub ids hold a "/"
+    async def model(model_id: str):
+        if model_id != name:
+            return _error(404, f"Model {model_id!r} is not served here; this server serves {name!r}.",
+                          "not_found_error")
+        return card
+
+    def refuse_unsupported(body) -> None:
+        field = body.unsupported()
+        if field:
+            raise DLMError(f"{field} is not supported by this server (a diffusion model does not decode left "
+                           f"to right, so it has no per-token log-probabilities to return); drop {field}.")
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, http: Request):
+        refuse_unsupported(body)
         await asyncio.to_thread(llm)       # with --lazy the first request loads the model: not on the loop
         request = chat.ChatRequest(body.messages, sampling_params(llm(), {}, body.knobs()), tools=body.tools,
                                    tool_choice=body.tool_choice, response_format=body.response_format)
@@ -158,16 +174,19 @@ def create_app(model: str | None = None, served_name: str | None = None, device:
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, http: Request):
+        refuse_unsupported(body)
         await asyncio.to_thread(llm)
-        prompts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
+        one = isinstance(body.prompt, str) or (body.prompt and isinstance(body.prompt[0], int))
+        prompts = [body.prompt] if one else body.prompt
         if len(prompts) != 1:
             return _error(400, "Send one prompt per request (batch by sending concurrent requests).")
         params = sampling_params(llm(), {}, body.knobs())
-        ids = llm().tokenizer.encode(prompts[0])
+        ids = llm().tokenizer.encode(prompts[0]) if isinstance(prompts[0], str) else prompts[0]
         admit(ids, params)
         rid, created = f"cmpl-{uuid.uuid4().hex[:24]}", int(time.time())
         if body.stream:
-            return StreamingResponse(_completion_sse(llm(), ids, params, rid, created, name),
+            include_usage = bool((body.stream_options or {}).get("include_usage"))
+            return StreamingResponse(_completion_sse(llm(), ids, params, rid, created, name, include_usage),
                                      media_type="text/event-stream")
         outs = await _unless_disconnected(http, llm().agenerate(prompt_token_ids=[ids], sampling_params=params))
         if outs is None:
@@ -216,7 +235,7 @@ async def _chat_sse(llm, request, prep, rid, created, name, include_usage) -> As
     yield "data: [DONE]\n\n"
 
 
-async def _completion_sse(llm, ids, params, rid, created, name) -> AsyncIterator[str]:
+async def _completion_sse(llm, ids, params, rid, created, name, include_usage) -> AsyncIterator[str]:
     base = {"id": rid, "object": "text_completion", "created": created, "model": name}
     try:
         async for chunk in llm.astream(prompt_token_ids=ids, sampling_params=params):
@@ -224,6 +243,8 @@ async def _completion_sse(llm, ids, params, rid, created, name) -> AsyncIterator
             if chunk.delta_text or finish:
                 yield _sse({**base, "choices": [{"index": 0, "text": chunk.delta_text, "finish_reason": finish,
                                                  "logprobs": None}]})
+            if chunk.finished and include_usage:
+                yield _sse({**base, "choices": [], "usage": chunk.output.usage})
     except DLMError as exc:
         yield _sse_error(exc)
     yield "data: [DONE]\n\n"

@@ -17,14 +17,24 @@ class _Body(BaseModel):
     top_p: float | None = Field(default=None, gt=0, le=1)
     seed: int | None = None
     stop: str | list[str] | None = None
-    stream: bool = False
+    stream: bool | None = False
     stream_options: dict | None = None
-    n: int = Field(default=1, ge=1, le=1)
+    n: int | None = Field(default=1, ge=1, le=1)
     user: str | None = None
+    # Not served: a diffusion model commits tokens out of order, so per-token log-probabilities in
+    # OpenAI's left-to-right sense are not what it computes. Asking for them is a 400, not a silent null.
+    logprobs: bool | int | None = None
+    top_logprobs: int | None = None
+
+    def unsupported(self) -> str | None:
+        """The first field asked for that this server does not serve, if any."""
+        asked = {"logprobs": self.logprobs not in (None, False), "top_logprobs": bool(self.top_logprobs),
+                 "echo": bool(getattr(self, "echo", None))}
+        return next((k for k, v in asked.items() if v), None)
 
     def knobs(self) -> dict[str, Any]:
         """Sampling fields plus any extra body fields (steps, block_length, sampler, ...)."""
-        values = {k: v for k, v in self.model_dump(exclude_none=True).items()}
+        values = self.model_dump(exclude_none=True)
         if "max_completion_tokens" in values:
             values.setdefault("max_tokens", values.pop("max_completion_tokens"))
         return values
@@ -38,4 +48,6 @@ class ChatCompletionRequest(_Body):
 
 
 class CompletionRequest(_Body):
-    prompt: str | list[str]
+    # A string, one token-id list, or a batch of either (the server takes one prompt a request).
+    prompt: str | list[str] | list[int] | list[list[int]]
+    echo: bool | None = None

@@ -100,3 +100,77 @@ def test_tool_calls_over_sse_and_tool_choice_none(client):
     assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["tool_calls"]
     r = client.chat.completions.create(tool_choice="none", **kwargs)
     assert r.choices[0].message.tool_calls is None and r.choices[0].finish_reason in ("stop", "length")
+
+
+def test_requests_that_were_500s_are_400s_naming_the_field(client):
+    """Each of these was an internal error (a traceback turned 500) before it was checked."""
+    hi = [{"role": "user", "content": "hi"}]
+    with pytest.raises(openai.BadRequestError, match="'text' must be a string"):          # TypeError in join
+        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": [{"type": "text", "text": 1}]}])
+    with pytest.raises(openai.BadRequestError, match="names no tool"):                   # AttributeError
+        client.chat.completions.create(model="tiny", messages=hi, tools=WEATHER,
+                                       tool_choice={"type": "function", "function": None})
+    r = client.chat.completions.create(model="tiny", messages=hi, tools=WEATHER, max_tokens=96,   # a bare name
+                                       tool_choice={"type": "function", "function": "get_weather"})
+    assert r.choices[0].message.tool_calls[0].function.name == "get_weather"
+    for seed in (2**64, -2**63 - 1):                                                     # overflow in manual_seed
+        with pytest.raises(openai.BadRequestError, match="seed must be an integer in"):
+            client.chat.completions.create(model="tiny", messages=hi, max_tokens=8, seed=seed)
+        with pytest.raises(openai.BadRequestError, match="seed must be an integer in"):
+            client.completions.create(model="tiny", prompt="hi", max_tokens=8, seed=seed, stream=True)
+
+
+def test_null_n_and_stream_are_defaults_and_logprobs_are_refused(client):
+    hi = [{"role": "user", "content": "hi"}]
+    r = client.chat.completions.create(model="tiny", messages=hi, max_tokens=8, extra_body={"n": None, "stream": None})
+    assert r.object == "chat.completion"
+    r = client.chat.completions.create(model="tiny", messages=hi, max_tokens=8, logprobs=False)
+    assert r.choices[0].logprobs is None
+    with pytest.raises(openai.BadRequestError, match="logprobs is not supported"):
+        client.chat.completions.create(model="tiny", messages=hi, max_tokens=8, logprobs=True)
+    with pytest.raises(openai.BadRequestError, match="top_logprobs is not supported"):
+        client.chat.completions.create(model="tiny", messages=hi, max_tokens=8, top_logprobs=2)
+    with pytest.raises(openai.BadRequestError, match="echo is not supported"):
+        client.completions.create(model="tiny", prompt="hi", max_tokens=8, echo=True)
+
+
+def test_model_retrieve_token_id_prompts_and_completion_usage_chunk(client, dream_chat):
+    assert client.models.retrieve("tiny").id == "tiny"
+    with pytest.raises(openai.NotFoundError, match="not served here"):
+        client.models.retrieve("gpt-4o")
+    from dlm_backend.engine.tokenizer import Tokenizer
+    ids = Tokenizer(dream_chat).encode("The quick")
+    kwargs = dict(model="tiny", max_tokens=8, extra_body={"block_length": 8})
+    r = client.completions.create(prompt="The quick", **kwargs)
+    for prompt in (ids, [ids]):          # token ids, as OpenAI's completions API takes them
+        by_ids = client.completions.create(prompt=prompt, **kwargs)
+        assert by_ids.choices[0].text == r.choices[0].text and by_ids.usage == r.usage
+    chunks = list(client.completions.create(prompt="The quick", stream=True, stream_options={"include_usage": True},
+                                            **kwargs))
+    assert chunks[-1].choices == [] and chunks[-1].usage == r.usage
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == r.choices[0].text
+
+
+def test_stop_strings_do_not_cut_the_fixed_text_of_a_forced_call_or_a_json_skeleton(client):
+    """A stop of "\\n" matched the '<tool_call>\\n' the server itself writes and emptied the arguments;
+    stop strings count only in what the model generates past the template."""
+    hi = [{"role": "user", "content": "weather in Oslo?"}]
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    calls = [client.chat.completions.create(model="tiny", messages=hi, tools=WEATHER, tool_choice=named, max_tokens=96,
+                                            **stop).choices[0].message.tool_calls[0].function.arguments
+             for stop in ({}, {"stop": ["\n"]})]
+    assert calls[1] == calls[0]
+    fmt = {"type": "json_schema", "json_schema": {"name": "p", "schema": {
+        "type": "object", "properties": {"city": {"type": "string"}, "n": {"type": "integer"}}}}}
+    contents = [client.chat.completions.create(model="tiny", messages=hi, response_format=fmt, max_tokens=64,
+                                               **stop).choices[0].message.content for stop in ({}, {"stop": ['"']})]
+    assert contents[1] == contents[0]
+
+
+def test_required_call_over_several_tools_that_cannot_fit_is_a_400_before_the_stream(client):
+    """The name pass fit, each tool's skeleton did not: the error used to come as an event after a 200."""
+    tools = WEATHER + [{"type": "function", "function": {"name": "get_time", "parameters": {
+        "type": "object", "properties": {"zone": {"type": "string"}}}}}]
+    with pytest.raises(openai.BadRequestError, match="forced tool call needs"):
+        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], tools=tools,
+                                       tool_choice="required", max_tokens=20, stream=True)
