@@ -62,7 +62,8 @@ import json  # noqa: E402
 import pytest  # noqa: E402
 
 from dlm_backend import LLM, DLMError, SamplingParams  # noqa: E402
-from dlm_backend.chat import ChatRequest, Prepared, _Splitter, complete, normalize_messages, stream  # noqa: E402
+from dlm_backend.chat import ChatRequest, Prepared, complete, normalize_messages, stream  # noqa: E402
+from dlm_backend.chat.run import _Splitter  # noqa: E402
 from dlm_backend.tool_calls import normalize_tools, tool_choice_name  # noqa: E402
 from dlm_backend.structured import plan_json, templatable  # noqa: E402
 
@@ -351,3 +352,30 @@ def test_any_of_several_tools_async_and_streamed(dream_chat):
         [call] = result.tool_calls
         assert call["function"]["name"] in ("get_weather", "get_time") and result.finish_reason == "tool_calls"
         assert isinstance(json.loads(call["function"]["arguments"]), dict)
+
+
+WEATHER_SCHEMA = {"type": "json_schema", "json_schema": {"name": "report", "schema": {
+    "type": "object", "properties": {"city": {"type": "string"}, "summary": {"type": "string"}}}}}
+KYOTO = [{"role": "user", "content": "What's the weather in Kyoto?"}]
+GREEDY = SamplingParams(sampler="llada", max_tokens=64, block_length=32, steps=64)
+
+
+def test_tools_with_a_schema_may_call_a_tool_first():
+    """OpenAI's rule for tools plus response_format (LangChain's create_agent with a response_format
+    sends both): the model may call a tool; the schema shapes the reply that calls none. The schema's
+    skeleton used to be laid over every reply, so no call could ever be written."""
+    llm = LLM()                      # dlm-tiny: calls get_weather for this prompt
+    for run in (complete, lambda llm, req: [d.result for d in stream(llm, req) if d.result][0]):
+        result = run(llm, ChatRequest(KYOTO, GREEDY, tools=[WEATHER], response_format=WEATHER_SCHEMA))
+        assert [c["function"]["name"] for c in result.tool_calls] == ["get_weather"], result.output.text
+        assert result.parsed is None and result.earlier == []
+
+
+def test_tools_with_a_schema_answer_in_the_schema_when_no_tool_is_called(dream_chat):
+    llm = LLM(str(dream_chat))       # random weights: it writes no well-formed call
+    request = ChatRequest([{"role": "user", "content": "hi"}], SamplingParams(max_tokens=48, block_length=16),
+                          tools=[WEATHER], response_format=WEATHER_SCHEMA)
+    for result in (complete(llm, request), [d.result for d in stream(llm, request) if d.result][0]):
+        assert result.tool_calls == [] and list(result.parsed) == ["city", "summary"]
+        assert json.loads(result.content) == result.parsed
+        assert len(result.earlier) == 1            # the free pass that called nothing is billed too

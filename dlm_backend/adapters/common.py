@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dlm_backend.engine.llm import LLM
 from dlm_backend.engine.params import SamplingParams, layered
+from dlm_backend.errors import DLMError
 
 #: SamplingParams fields a framework call may pass as extra keyword arguments (``kv_cache`` = ``cache``).
 KNOBS = ("kv_cache", "sampler", "steps", "block_length", "threshold", "factor", "gamma", "cache", "remasking", "alg",
@@ -29,6 +30,26 @@ def sampling_params(llm: LLM, fields: dict, overrides: dict, serving: dict = SER
     if isinstance(values.get("stop"), str):
         values["stop"] = [values["stop"]]
     return SamplingParams(**layered(llm.engine.sampling_defaults, values, serving))
+
+
+def refuse_unsupported(fields: dict) -> None:
+    """A DLMError for an OpenAI request field this backend does not serve, instead of dropping it.
+
+    A diffusion model commits tokens out of order, so it has no left-to-right per-token
+    log-probabilities to return; ``n`` > 1 is n requests (the engine batches them)."""
+    n = fields.get("n")
+    if n not in (None, 1):
+        raise DLMError(f"n={n!r}: one choice per request here; send {n} requests instead (they run batched).")
+    logprobs = fields.get("logprobs")         # completions' logprobs=0 still asks for the sampled token's
+    asked = {"logprobs": logprobs is not None and logprobs is not False,
+             "top_logprobs": bool(fields.get("top_logprobs")), "echo": bool(fields.get("echo"))}
+    refused = next((name for name, yes in asked.items() if yes), None)
+    if refused:
+        raise DLMError(f"{refused} is not supported (a diffusion model does not decode left to right, so it "
+                       f"has no per-token log-probabilities to return); drop {refused}.")
+    for name in ("functions", "function_call"):
+        if fields.get(name) is not None:
+            raise DLMError(f"{name} is OpenAI's deprecated tool API; pass tools (and tool_choice) instead.")
 
 
 def _knobs(given: dict) -> dict:

@@ -21,7 +21,7 @@ from litellm.llms.custom_llm import CustomLLM
 from litellm.types.utils import Choices, GenericStreamingChunk, Message, ModelResponse, Usage
 
 from dlm_backend import chat
-from dlm_backend.adapters.common import KNOBS, engine, sampling_params
+from dlm_backend.adapters.common import KNOBS, engine, refuse_unsupported, sampling_params
 from dlm_backend.engine.loader import EMBEDDED_MODEL, context_length, default_model
 
 PROVIDER = "dlm"
@@ -38,6 +38,7 @@ def _request(model: str, messages: list, optional_params: dict) -> tuple:
     params = dict(optional_params)
     extra = params.pop("extra_body", None) or {}
     params.update(extra)
+    refuse_unsupported(params)
     if "max_completion_tokens" in params:
         params.setdefault("max_tokens", params.pop("max_completion_tokens"))
     llm = engine(_model_path(model))

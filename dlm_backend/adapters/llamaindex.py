@@ -1,7 +1,9 @@
 """LlamaIndex LLM: ``Settings.llm = DLM()`` (``from dlm_backend.adapters.llamaindex import DLM``).
 
 Install with ``pip install "dlm_backend[llamaindex]"``. A ``FunctionCallingLLM``, so query engines,
-chat engines and ``FunctionAgent`` use it directly; the engine loads on first use.
+chat engines and ``FunctionAgent`` use it directly; the engine loads on first use. Unless a
+tokenizer is already set globally, the first ``DLM`` makes LlamaIndex count tokens with its model's
+tokenizer (``count_tokens_with_model``): the context window is in those tokens.
 """
 
 from __future__ import annotations
@@ -40,7 +42,23 @@ class DLM(FunctionCallingLLM):
     kv_cache: str | None = Field(default=None, description="diffusion KV cache: none, prefix or dual")
     seed: int | None = Field(default=None)
     additional_kwargs: dict[str, Any] = Field(default_factory=dict, description="more SamplingParams fields")
+    count_tokens_with_model: bool = Field(
+        default=True, description="make LlamaIndex count tokens with this model's tokenizer unless one is set "
+                                  "(Settings.tokenizer / set_global_tokenizer)")
     _context_window: int | None = PrivateAttr(default=None)
+
+    def model_post_init(self, context: Any) -> None:
+        super().model_post_init(context)
+        # metadata.context_window is in this model's tokens, but LlamaIndex's PromptHelper and
+        # splitters count with a global tokenizer, tiktoken unless set. dlm-tiny's vocabulary is
+        # 4096 pieces: a README of 3,733 tiktoken tokens is 8,714 of its own, so a default query
+        # engine packed 2.3x too much context and overflowed the 2048-token window.
+        import llama_index.core
+        if self.count_tokens_with_model and llama_index.core.global_tokenizer is None:
+            llama_index.core.global_tokenizer = self._count_tokens
+
+    def _count_tokens(self, text: str) -> list[int]:
+        return self._llm.tokenizer.encode(text)      # the first count loads the engine, as a first call would
 
     @classmethod
     def class_name(cls) -> str:

@@ -22,7 +22,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from dlm_backend import chat
-from dlm_backend.adapters.common import sampling_params
+from dlm_backend.adapters.common import refuse_unsupported, sampling_params
 from dlm_backend.engine.engine import check_dtype
 from dlm_backend.engine.llm import LLM
 from dlm_backend.engine.loader import default_model
@@ -143,15 +143,10 @@ def create_app(model: str | None = None, served_name: str | None = None, device:
                           "not_found_error")
         return card
 
-    def refuse_unsupported(body) -> None:
-        field = body.unsupported()
-        if field:
-            raise DLMError(f"{field} is not supported by this server (a diffusion model does not decode left "
-                           f"to right, so it has no per-token log-probabilities to return); drop {field}.")
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, http: Request):
-        refuse_unsupported(body)
+        refuse_unsupported(body.model_dump())
         await asyncio.to_thread(llm)       # with --lazy the first request loads the model: not on the loop
         request = chat.ChatRequest(body.messages, sampling_params(llm(), {}, body.knobs()), tools=body.tools,
                                    tool_choice=body.tool_choice, response_format=body.response_format)
@@ -174,7 +169,7 @@ def create_app(model: str | None = None, served_name: str | None = None, device:
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, http: Request):
-        refuse_unsupported(body)
+        refuse_unsupported(body.model_dump())
         await asyncio.to_thread(llm)
         one = isinstance(body.prompt, str) or (body.prompt and isinstance(body.prompt[0], int))
         prompts = [body.prompt] if one else body.prompt

@@ -21,16 +21,9 @@ class _Body(BaseModel):
     stream_options: dict | None = None
     n: int | None = Field(default=1, ge=1, le=1)
     user: str | None = None
-    # Not served: a diffusion model commits tokens out of order, so per-token log-probabilities in
-    # OpenAI's left-to-right sense are not what it computes. Asking for them is a 400, not a silent null.
+    # Not served (adapters.common.refuse_unsupported says why): asking is a 400, not a silent null.
     logprobs: bool | int | None = None
     top_logprobs: int | None = None
-
-    def unsupported(self) -> str | None:
-        """The first field asked for that this server does not serve, if any."""
-        asked = {"logprobs": self.logprobs not in (None, False), "top_logprobs": bool(self.top_logprobs),
-                 "echo": bool(getattr(self, "echo", None))}
-        return next((k for k, v in asked.items() if v), None)
 
     def knobs(self) -> dict[str, Any]:
         """Sampling fields plus any extra body fields (steps, block_length, sampler, ...)."""

@@ -77,3 +77,16 @@ def test_aliases_name_the_embedded_model_and_the_default():
     assert _model_path("dlm/default") is None                      # $DLM_MODEL, else dlm-tiny
     assert _model_path("dlm/GSAI-ML/LLaDA-8B-Instruct") == "GSAI-ML/LLaDA-8B-Instruct"
     assert litellm.get_model_info("dlm/dlm-tiny")["max_input_tokens"] == 2048   # from its config.json
+
+
+@pytest.mark.parametrize("extra,match", [
+    ({"n": 3}, "n=3: one choice per request"),
+    ({"logprobs": True}, "logprobs is not supported"),
+    ({"top_logprobs": 2, "logprobs": False}, "top_logprobs is not supported"),
+    ({"functions": [{"name": "f", "parameters": {"type": "object"}}]}, "pass tools"),
+])
+def test_fields_the_backend_does_not_serve_are_errors_not_dropped(dream_chat, extra, match):
+    """They reached the handler and were dropped: n=3 gave one choice, logprobs=True none, with no word."""
+    with pytest.raises(Exception, match=match):
+        litellm.completion(model=f"dlm/{dream_chat}", messages=[{"role": "user", "content": "hi"}], max_tokens=8,
+                           **extra)

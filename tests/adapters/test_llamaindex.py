@@ -101,3 +101,40 @@ def test_a_reply_sent_back_carries_each_call_once(dream_chat):
     tool = FunctionTool.from_defaults(fn=get_weather)
     reply = llm.chat_with_tools([tool], user_msg="weather in Paris?", tool_choice="get_weather").message
     assert reply.additional_kwargs["tool_calls"] and len(_to_openai(reply)["tool_calls"]) == 1
+
+
+@pytest.fixture
+def no_global_tokenizer():
+    import llama_index.core
+    saved, llama_index.core.global_tokenizer = llama_index.core.global_tokenizer, None
+    yield
+    llama_index.core.global_tokenizer = saved
+
+
+def test_llamaindex_counts_tokens_with_the_model_unless_told_otherwise(dream_chat, no_global_tokenizer):
+    import llama_index.core
+    from llama_index.core.utils import get_tokenizer
+    from dlm_backend import LLM
+    DLM(model=str(dream_chat))
+    text = "Diffusion models fill masked tokens in parallel."
+    assert get_tokenizer()(text) == LLM(str(dream_chat)).tokenizer.encode(text)
+    mine = len
+    llama_index.core.global_tokenizer = mine
+    DLM(model=str(dream_chat))
+    assert llama_index.core.global_tokenizer is mine                  # a tokenizer the user set stays
+    llama_index.core.global_tokenizer = None
+    DLM(model=str(dream_chat), count_tokens_with_model=False)
+    assert llama_index.core.global_tokenizer is None
+
+
+def test_a_default_query_engine_over_a_long_document_fits_the_window(no_global_tokenizer):
+    """The README through a default VectorStoreIndex: with tiktoken's counts the packed prompt was
+    2.3x dlm-tiny's 2048-token window (ContextLengthError); with the model's own it fits."""
+    from pathlib import Path
+    from llama_index.core import Document, VectorStoreIndex
+    from llama_index.core.embeddings import MockEmbedding
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    llm = DLM(max_tokens=32)
+    index = VectorStoreIndex.from_documents([Document(text=readme)], embed_model=MockEmbedding(embed_dim=8))
+    answer = index.as_query_engine(llm=llm).query("What is dlm-tiny?")
+    assert isinstance(answer.response, str) and answer.source_nodes

@@ -100,9 +100,11 @@ async def test_64_concurrent_clients_complete_and_match_their_solo_runs(server):
     # passes a request needs and the more the solo phase would dilute the ratio).
     after = _counters(metrics)
     passes, steps = (after[k] - before[k] for k in ("dlm_forward_passes_total", "dlm_engine_steps_total"))
-    # Without batching the ratio is 1.0; measured 1.97 (329 over 167) with the session-7 model, whose
-    # replies take ~5 passes each, so requests arriving over HTTP on 2 cores overlap less than before.
-    assert passes > 1.5 * steps, (passes, steps)
+    # Without batching the ratio is 1.0. It depends on how requests arriving over HTTP overlap on
+    # 2 cores, so the bar only proves batching: measured 1.97 (329 over 167) with the session-7
+    # model, 1.47 (267 over 182) to about 1.6 with s6, whose replies take fewer passes. The
+    # throughput figure itself is benchmarks/bench_serving.py's.
+    assert passes > 1.2 * steps, (passes, steps)
 
 
 def _counters(metrics: str) -> dict[str, float]:

@@ -1,0 +1,118 @@
+"""A chat call as every front door describes it (OpenAI conventions), and what comes back."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from dlm_backend.engine.outputs import GenerationOutput
+from dlm_backend.engine.params import SamplingParams
+from dlm_backend.errors import DLMError
+
+
+def _text(content) -> str:
+    """Message content as text: strings pass, OpenAI content-part lists are joined."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if isinstance(part, str):
+                parts.append(part)
+            elif isinstance(part, dict) and part.get("type") in ("text", "input_text", None) and "text" in part:
+                if not isinstance(part["text"], str):
+                    raise DLMError(f"A text content part's 'text' must be a string, not "
+                                   f"{type(part['text']).__name__}: send {{'type': 'text', 'text': '...'}}.")
+                parts.append(part["text"])
+            else:
+                raise DLMError(f"Unsupported message content part {part.get('type') if isinstance(part, dict) else part!r}: "
+                               "this model reads text only. Send text content.")
+        return "\n".join(parts)
+    raise DLMError(f"Message content must be a string or a list of text parts, not {type(content).__name__}.")
+
+
+def normalize_messages(messages: list[dict]) -> list[dict]:
+    """OpenAI-style messages the chat templates can render: text content, tool calls with dict
+    arguments, tool results as ``role="tool"``. Roles are kept in the order the caller sent them."""
+    if not messages:
+        raise DLMError("messages is empty: send at least one message.")
+    out = []
+    for m in messages:
+        if not isinstance(m, dict):
+            raise DLMError(f"Each message must be an object with a role and content, got {type(m).__name__}.")
+        role = m.get("role")
+        if role == "developer":
+            role = "system"
+        if role not in ("system", "user", "assistant", "tool", "function"):
+            raise DLMError(f"Unknown message role {role!r}; use system, user, assistant or tool.")
+        msg = {"role": "tool" if role == "function" else role, "content": _text(m.get("content"))}
+        if m.get("tool_calls"):
+            calls = []
+            for call in m["tool_calls"] if isinstance(m["tool_calls"], list) else [None]:
+                fn = call.get("function", call) if isinstance(call, dict) else None
+                if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
+                    raise DLMError("Each of an assistant message's tool_calls needs "
+                                   "{'function': {'name': ..., 'arguments': ...}}; got " f"{call!r:.200}.")
+                args = fn.get("arguments", {})
+                if isinstance(args, str):
+                    try:
+                        args = json.loads(args) if args.strip() else {}
+                    except ValueError as exc:
+                        raise DLMError(f"Tool call arguments for {fn.get('name')!r} are not valid JSON: {exc}.") from exc
+                calls.append({"id": call.get("id"), "type": "function",
+                              "function": {"name": fn["name"], "arguments": args}})
+            msg["tool_calls"] = calls
+        if m.get("tool_call_id"):
+            msg["tool_call_id"] = m["tool_call_id"]
+        if m.get("name"):
+            msg["name"] = m["name"]
+        out.append(msg)
+    return out
+
+
+@dataclass
+class ChatRequest:
+    """A chat call as every front door describes it (OpenAI conventions)."""
+
+    messages: list[dict]
+    params: SamplingParams | None = None        # None: the checkpoint's defaults (llm.sampling_params())
+    tools: list[dict] | None = None
+    tool_choice: object = None
+    response_format: dict | None = None
+
+
+@dataclass
+class ChatResult:
+    content: str
+    tool_calls: list[dict]                  # OpenAI format: {id, type, function: {name, arguments: str}}
+    finish_reason: str                      # stop | length | tool_calls | abort
+    output: GenerationOutput
+    parsed: object = None                   # response_format: the JSON, None when it missed the schema
+    # Calls the model wrote but that do not parse: {name (or None), arguments (raw text), error, text}.
+    # Their text is also left in ``content`` (see tool_calls.parse_tool_calls).
+    invalid_tool_calls: list[dict] = field(default_factory=list)
+    # Generations spent before ``output``: a tool_choice "any" name pass, JSON attempts that missed.
+    earlier: list[GenerationOutput] = field(default_factory=list)
+
+    @property
+    def usage(self) -> dict:
+        """Tokens of every generation the answer took (as billed: each attempt reads the prompt)."""
+        outs = [*self.earlier, self.output]
+        prompt, completion = sum(o.num_prompt_tokens for o in outs), sum(o.num_generated_tokens for o in outs)
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+    @property
+    def num_forward_passes(self) -> int:
+        return sum(o.num_forward_passes for o in [*self.earlier, self.output])
+
+
+@dataclass
+class ChatDelta:
+    """A streamed event: new content text, or one complete tool call; the last has ``result``."""
+
+    content: str = ""
+    tool_call: dict | None = None
+    index: int = 0
+    result: ChatResult | None = None
