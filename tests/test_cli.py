@@ -44,3 +44,18 @@ def test_errors_are_one_clear_line():
     assert result.returncode == 2
     assert result.stderr.startswith("error: ") and "tokenizer.json" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_a_reader_that_leaves_early_gets_no_traceback(tmp_path):
+    """`dlm generate ... | head -c1`: a BrokenPipeError traceback once the reader was gone."""
+    err = tmp_path / "stderr"
+    cmd = (f"'{sys.executable}' -m dlm_backend.cli generate 'Name three colors.' --max-tokens 128 "
+           f"2>'{err}' | head -c1")
+    out = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=300)
+    assert len(out.stdout) == 1 and "Traceback" not in err.read_text(), err.read_text()
+
+
+def test_input_that_is_not_utf8_is_read(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "dlm_backend.cli", "chat"], input=b"hi\xff there\n/exit\n",
+                         capture_output=True, timeout=300)
+    assert out.returncode == 0 and b"Traceback" not in out.stderr, out.stderr.decode(errors="replace")

@@ -171,3 +171,36 @@ def test_a_sharded_pickle_checkpoint_is_refused_by_its_index(tmp_path):
     (ckpt / "pytorch_model.bin.index.json").write_text('{"weight_map": {}}')
     with pytest.raises(UnsafeCheckpointError, match="pytorch_model.bin.index.json"):
         _engine(ckpt)
+
+
+def _edit_config(ckpt, **changes):
+    config = json.loads((ckpt / "config.json").read_text())
+    for key, value in changes.items():
+        if value is None:
+            config.pop(key, None)
+        else:
+            config[key] = value
+    (ckpt / "config.json").write_text(json.dumps(config))
+
+
+def test_config_mistakes_are_named_not_tracebacks_or_ignored(tmp_path):
+    ckpt = _copy(tmp_path)
+    _edit_config(ckpt, architectures="LLaDAModelLM")              # a string, not a list: was split per letter
+    assert _engine(ckpt).architecture == "LLaDAModelLM"
+    _edit_config(ckpt, rope_scaling={"type": "yarn", "factor": 4.0})  # loaded and silently ignored
+    with pytest.raises(CheckpointError, match="rope_scaling .* plain RoPE only"):
+        _engine(ckpt)
+    _edit_config(ckpt, rope_scaling=None, hidden_size=None, d_model=None)   # was a KeyError
+    with pytest.raises(CheckpointError, match="config.json lacks"):
+        _engine(ckpt)
+    with pytest.raises(ModelNotFoundError, match="is a file; pass the folder"):
+        _engine(ckpt / "config.json")
+
+
+def test_a_broken_tokenizer_config_is_an_error_not_a_missing_tokenizer(tmp_path):
+    from helpers import make_chat_checkpoint
+    from dlm_backend.errors import TokenizerError
+    ckpt = make_chat_checkpoint(tmp_path / "chat", "dream")
+    (ckpt / "tokenizer_config.json").write_text("{not json")
+    with pytest.raises(TokenizerError, match="tokenizer files do not load"):
+        _engine(ckpt)

@@ -1,6 +1,7 @@
 """Impossible requests are refused with a DLMError that says what to change."""
 
 import pytest
+import torch
 from helpers import PARITY
 
 from dlm_backend import LLM, DLMError, SamplingParams
@@ -67,3 +68,62 @@ def test_engine_keeps_serving_after_bad_requests():
         llm.generate(prompt_token_ids=[[1] * 600])
     out = llm.generate(prompt_token_ids=[[1, 2, 3]], sampling_params=SamplingParams(max_tokens=8))[0]
     assert len(out.token_ids) <= 8 and out.num_forward_passes >= 1
+
+
+# -- found by driving the API and CLI with odd input (session 12); each was a traceback or a leak --
+
+def test_text_that_is_not_utf8_is_encoded_not_a_type_error():
+    llm = LLM()
+    ids = llm.tokenizer.encode("a\udcffb")              # argv/stdin keep undecodable bytes like this
+    assert ids == llm.tokenizer.encode("a\ufffdb")
+    assert llm.generate("a\udcffb", SamplingParams(max_tokens=4, block_length=4))[0].finish_reason
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"prompt_token_ids": [[1, 2], 5]}, "list of token ids or a list of such lists"),
+    ({"prompt_token_ids": [1.0, 2.0]}, "list of token ids or a list of such lists"),
+    ({"prompts": [1, 2, 3]}, "pass token ids as prompt_token_ids"),
+])
+def test_misshaped_prompts_are_named(kwargs, match):
+    with pytest.raises(DLMError, match=match):
+        LLM().generate(**kwargs)
+
+
+def test_no_request_outlives_a_failed_or_unread_call():
+    """A refused second prompt left the first running, and so did a stream never iterated: each was
+    batched with every later call (a 0.009 s request took 0.42 s)."""
+    llm = LLM()
+    params = SamplingParams(max_tokens=8, block_length=8)
+    ids = llm.tokenizer.encode("hi")
+    with pytest.raises(DLMError, match="Prompt token ids must be integers"):
+        llm.generate(prompt_token_ids=[ids, [10**9]], sampling_params=params)
+    assert not llm.engine.has_unfinished
+    stream = llm.stream("hi", params)
+    assert not llm.engine.has_unfinished
+    del stream
+    with pytest.raises(DLMError, match="must be integers"):
+        llm.stream(prompt_token_ids=[10**9], sampling_params=params)       # still refused at the call
+
+
+def test_chat_takes_openai_content_parts():
+    llm = LLM()
+    params = SamplingParams(max_tokens=8, block_length=8)
+    parts = llm.chat([{"role": "user", "content": [{"type": "text", "text": "Hello"}]}], params)
+    plain = llm.chat([{"role": "user", "content": "Hello"}], params)
+    assert parts.token_ids == plain.token_ids
+    with pytest.raises(DLMError, match="content must be a string or a list"):
+        llm.chat([{"role": "user", "content": 5}], params)
+
+
+def test_devices_the_machine_lacks_are_named():
+    with pytest.raises(DLMError, match="not a device name"):
+        LLM(device="foo")
+    if not torch.cuda.is_available():
+        with pytest.raises(DLMError, match="no CUDA GPU"):
+            LLM(device="cuda")
+
+
+def test_eval_refuses_an_empty_slice():
+    from dlm_backend.training.evaluate import evaluate
+    with pytest.raises(DLMError, match="give 1 or more"):
+        evaluate(per_family=0)

@@ -32,6 +32,17 @@ def check_dtype(dtype: str) -> None:
         raise DLMError(f"dtype {dtype!r} is not supported; use 'auto' or one of {', '.join(DTYPES)}.")
 
 
+def check_device(device: str) -> None:
+    """A DLMError for a device name torch does not know or this machine does not have."""
+    try:
+        kind = torch.device(device).type
+    except (RuntimeError, TypeError):
+        raise DLMError(f"device {device!r} is not a device name; use 'cpu', 'cuda' or 'cuda:N'.") from None
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise DLMError(f"device {device!r}: this machine has no CUDA GPU torch can use; use 'cpu' (or omit "
+                       "--device for the best available).")
+
+
 @dataclass
 class EngineConfig:
     """How to build an engine. ``device``/``dtype`` default to CUDA+bf16 when present, else CPU+fp32."""
@@ -47,6 +58,8 @@ class EngineConfig:
 
     def __post_init__(self):
         check_dtype(self.dtype)
+        if self.device is not None:
+            check_device(self.device)
         if min(self.max_num_seqs, self.max_num_batched_tokens, self.max_waiting) < 1:
             raise DLMError("max_num_seqs, max_num_batched_tokens and max_waiting must be >= 1.")
 
@@ -69,10 +82,9 @@ class LLMEngine:
         model = load_model(self.folder, self.hf_config, self.device, self.dtype)
         self.model_args = model.args
         self.architecture = type(model).__name__
-        try:
-            self.tokenizer: Tokenizer | None = Tokenizer(self.folder)
-        except TokenizerError:
-            self.tokenizer = None
+        # No tokenizer.json: token ids only. One that is there but broken is an error, not "absent".
+        has_tokenizer = (self.folder / "tokenizer.json").is_file()
+        self.tokenizer: Tokenizer | None = Tokenizer(self.folder) if has_tokenizer else None
         self.tokens = self._token_info()
         self.max_model_len = min(config.max_model_len or model.args.max_positions, model.args.max_positions)
         self.runner = ModelRunner(model, self.device, self.dtype, self.tokens)

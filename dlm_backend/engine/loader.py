@@ -54,6 +54,8 @@ def resolve_checkpoint(model: str | os.PathLike, revision: str | None = None,
             "Pass a model (a folder or hub id such as 'GSAI-ML/LLaDA-8B-Instruct'), set DLM_MODEL, or "
             f"build dlm-tiny with `dlm train` and copy its model/ folder to {EMBEDDED_MODEL}.")
     name = str(model)
+    if path.is_file():
+        raise ModelNotFoundError(f"{name!r} is a file; pass the folder that holds it ({str(path.parent)!r}).")
     if path.exists() or name.startswith((".", "/", "~")) or name.count("/") > 1:
         raise ModelNotFoundError(f"Model folder {name!r} does not exist. Pass an existing checkpoint "
                                  "folder or a hub id like 'GSAI-ML/LLaDA-8B-Instruct'.")
@@ -77,6 +79,9 @@ def resolve_checkpoint(model: str | os.PathLike, revision: str | None = None,
     except (HfHubHTTPError, OSError) as exc:
         raise ModelNotFoundError(f"Could not fetch {name!r} from the hub: {exc}. Check the network, "
                                  "or pass a local checkpoint folder.") from exc
+    except Exception as exc:  # noqa: BLE001 - the HTTP client's own errors (a proxy's 407, TLS) pass through the hub
+        raise ModelNotFoundError(f"Could not fetch {name!r} from the hub ({type(exc).__name__}: {exc}). Check "
+                                 "the network and proxy settings, or pass a local checkpoint folder.") from exc
 
 
 def _offline() -> bool:
@@ -89,6 +94,11 @@ def read_config(folder: Path) -> dict:
         raise CheckpointError(f"{folder} has no config.json. Point at the folder that holds the "
                               "checkpoint's config.json and safetensors files.")
     config = read_json(config_path)
+    scaling = config.get("rope_scaling")
+    if scaling and (scaling.get("rope_type") or scaling.get("type")) not in (None, "default"):
+        # Loading it anyway gave the same tokens as without it: refused, not silently ignored.
+        raise CheckpointError(f"{config_path} asks for rope_scaling {scaling}; this engine implements plain "
+                              "RoPE only. Remove rope_scaling and keep prompts within max_position_embeddings.")
     generation_path = folder / "generation_config.json"
     if generation_path.is_file():
         config["_generation_config"] = read_json(generation_path)
@@ -113,7 +123,15 @@ def context_length(model: str, revision: str | None = None) -> int:
     loop, where loading an 8B checkpoint would stall everything for tens of seconds.
     """
     config = read_config(resolve_checkpoint(model, revision, patterns=["*.json"]))
-    return resolve_model_class(config).args_from_config(config).max_positions
+    return _from_config(resolve_model_class(config).args_from_config, config).max_positions
+
+
+def _from_config(build, config: dict):
+    try:
+        return build(config)
+    except KeyError as exc:
+        raise CheckpointError(f"config.json lacks {exc.args[0]!r}, which this architecture needs. Re-download "
+                              "the checkpoint or add the field.") from None
 
 
 def safetensors_files(folder: Path) -> list[Path]:
@@ -154,7 +172,7 @@ def load_model(folder: Path, config: dict, device: torch.device, dtype: torch.dt
     """Build the registered implementation for ``config`` and fill it from the safetensors files."""
     cls = resolve_model_class(config)
     with torch.device("meta"):
-        model = cls.from_config(config)
+        model = _from_config(cls.from_config, config)
     expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
     files = safetensors_files(folder)
     state: dict[str, torch.Tensor] = {}

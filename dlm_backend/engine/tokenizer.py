@@ -86,6 +86,15 @@ class Tokenizer:
 
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text``; special-token strings in it map to their ids, nothing is added."""
+        if not isinstance(text, str):
+            raise TokenizerError(f"A prompt must be text (str), not {type(text).__name__}; pass token ids "
+                                 "as prompt_token_ids.")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            # Lone surrogates: bytes that were not UTF-8 (stdin and argv keep them as \udcXX) or a bad
+            # JSON escape. The tokenizer takes only valid Unicode; each becomes U+FFFD, as a decoder would.
+            text = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
         return self._tok.encode(text, add_special_tokens=False).ids
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:

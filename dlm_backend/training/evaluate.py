@@ -33,7 +33,7 @@ def default_configs(max_tokens: int = 64, block_length: int = 32) -> list[EvalCo
     return [
         EvalConfig("llada 1 tok/step, none", base.replace(sampler="llada", steps=max_tokens, cache="none")),
         EvalConfig("llada 1 tok/step, dual", base.replace(sampler="llada", steps=max_tokens, cache="dual")),
-        EvalConfig("llada 4 tok/step, dual", base.replace(sampler="llada", steps=max_tokens // 4, cache="dual")),
+        EvalConfig("llada 4 tok/step, dual", base.replace(sampler="llada", steps=max(1, max_tokens // 4), cache="dual")),
         EvalConfig("dream maskgit_plus, none", base.replace(sampler="dream", steps=max_tokens, cache="none")),
         EvalConfig("threshold 0.9, none", base.replace(sampler="threshold", threshold=0.9, cache="none")),
         EvalConfig("threshold 0.9, prefix", base.replace(sampler="threshold", threshold=0.9, cache="prefix")),
@@ -139,6 +139,9 @@ def groups(examples: list[corpus.Example], results: list) -> dict[str, list]:
 def evaluate(model: str | None = None, per_family: int = 50, configs: list[EvalConfig] | None = None,
              batch_size: int = 16) -> list[dict]:
     """One row per (config, family) plus an ``all`` row per config."""
+    if not isinstance(per_family, int) or per_family < 1:
+        raise DLMError(f"per_family (--per-family) is the number of held-out prompts per task family: got "
+                       f"{per_family!r}, give 1 or more (e.g. 20).")
     llm = LLM(model)
     examples = held_out(per_family)
     prompts = [llm.encode_chat(e.messages, tools=e.tools) for e in examples]

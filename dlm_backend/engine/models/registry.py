@@ -18,6 +18,8 @@ def resolve_model_class(config: dict) -> type:
     """The model class for a checkpoint's config.json (first registered entry of ``architectures``)."""
     table = supported_architectures()
     archs = config.get("architectures") or []
+    if isinstance(archs, str):          # a hand-written config: one name, not a list of them
+        archs = [archs]
     for arch in archs:
         if arch in table:
             module_name, _, class_name = table[arch].partition(":")
