@@ -204,3 +204,11 @@ def test_a_broken_tokenizer_config_is_an_error_not_a_missing_tokenizer(tmp_path)
     (ckpt / "tokenizer_config.json").write_text("{not json")
     with pytest.raises(TokenizerError, match="tokenizer files do not load"):
         _engine(ckpt)
+
+
+def test_special_token_ids_outside_the_vocabulary_are_named_at_load(tmp_path):
+    """Loaded fine before, then every request failed inside the engine with an IndexError."""
+    ckpt = _copy(tmp_path)
+    _edit_config(ckpt, mask_token_id=10**6)
+    with pytest.raises(CheckpointError, match="mask_token_id 1000000 is outside the vocabulary"):
+        _engine(ckpt)

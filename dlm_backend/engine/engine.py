@@ -21,7 +21,8 @@ from dlm_backend.engine.samplers.base import Sampler, TokenInfo
 from dlm_backend.engine.scheduler import Scheduler
 from dlm_backend.engine.sequence import Sequence
 from dlm_backend.engine.tokenizer import Tokenizer
-from dlm_backend.errors import ContextLengthError, DLMError, QueueFullError, SamplingParamsError, TokenizerError
+from dlm_backend.errors import (CheckpointError, ContextLengthError, DLMError, QueueFullError, SamplingParamsError,
+                                TokenizerError)
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -108,6 +109,11 @@ class LLMEngine:
             if tok_eos is not None:
                 eos.add(tok_eos)
             eot = [i for i in self.tokenizer.end_of_turn_ids() if i not in eos]
+        bad = [f"{name} {i}" for name, ids in (("mask_token_id", [a.mask_token_id]), ("eos_token_id", eos))
+               for i in ids if not 0 <= i < a.vocab_size]
+        if bad:     # else every request fails inside the engine with an IndexError
+            raise CheckpointError(f"{', '.join(bad)} is outside the vocabulary (size {a.vocab_size}); fix "
+                                  "config.json / generation_config.json.")
         return TokenInfo(mask_id=a.mask_token_id, eos_ids=tuple(sorted(eos)), eot_ids=tuple(eot))
 
     # -- requests ---------------------------------------------------------------------------
