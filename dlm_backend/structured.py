@@ -46,21 +46,28 @@ class JsonPlan:
         if not self.slots:
             value = loads_lenient(text)
             return (value if value is not None and self.matches(value) else None), text
+        out = self.slot_values(tokenizer, token_ids)
+        # The skeleton fixes keys and types; bounds, patterns and required keys it cannot hold are
+        # checked here (an age slot left at 0 against minimum 18 was returned as parsed).
+        return (out if self.matches(out) else None), json.dumps(out, ensure_ascii=False)
+
+    def slot_values(self, tokenizer, token_ids: list[int]) -> dict:
+        """The skeleton's value slots read back as their types."""
         props = self.schema["properties"]
-        out = {}
-        for slot in self.slots:
-            raw = tokenizer.decode(token_ids[slot.start:slot.end])
-            out[slot.key] = _coerce(raw, slot.kind, _scalar(props[slot.key]))
-        return out, json.dumps(out, ensure_ascii=False)
+        return {slot.key: _coerce(tokenizer.decode(token_ids[slot.start:slot.end]), slot.kind, _scalar(props[slot.key]))
+                for slot in self.slots}
 
 
     def matches(self, value) -> bool:
         """Whether ``value`` validates against the schema (any JSON value does for ``json_object``)."""
-        if self.schema is None:
-            return True
-        import jsonschema
+        return self.schema is None or validates(self.schema, value)
 
-        return jsonschema.validators.validator_for(self.schema)(self.schema).is_valid(value)
+
+def validates(schema: dict, value) -> bool:
+    """Whether ``value`` is valid against the JSON ``schema``."""
+    import jsonschema
+
+    return jsonschema.validators.validator_for(schema)(schema).is_valid(value)
 
 
 def check_schema(schema: dict) -> None:
@@ -138,6 +145,8 @@ def _scalar(prop: dict) -> dict:
     if isinstance(prop.get("type"), list):
         kept = [t for t in prop["type"] if t != "null"]
         prop = {**prop, "type": kept[0]} if len(kept) == 1 else prop
+    if "const" in prop:                 # pydantic's Literal["x"]: an enum of one, written by the skeleton
+        prop = {**prop, "enum": [prop["const"]]}
     if isinstance(prop.get("enum"), list) and None in prop["enum"]:
         prop = {**prop, "enum": [v for v in prop["enum"] if v is not None]}
     return prop

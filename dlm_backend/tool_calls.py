@@ -7,7 +7,9 @@ import re
 
 from dlm_backend.errors import DLMError
 
-_TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
+# A call ends at its closing tag, or where the next call opens (one missing its tag must not take
+# the next call down with it), or at the end of the text.
+_TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|(?=<tool_call>)|$)", re.DOTALL)
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 NAME_HEAD = OPEN + "\n" + '{"name": "'
 NAME_SLOTS = 12                 # room for a tool name in the name pass of tool_choice "any"

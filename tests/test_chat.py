@@ -379,3 +379,45 @@ def test_tools_with_a_schema_answer_in_the_schema_when_no_tool_is_called(dream_c
         assert result.tool_calls == [] and list(result.parsed) == ["city", "summary"]
         assert json.loads(result.content) == result.parsed
         assert len(result.earlier) == 1            # the free pass that called nothing is billed too
+
+
+def test_a_skeleton_answer_that_breaks_the_schema_is_not_returned_as_parsed(dream_chat):
+    """Bounds and patterns are not in the skeleton: a slot left at 0 against minimum 18 was returned
+    as parsed. Now it is checked, sampled again like generated JSON, and reported as None."""
+    from dlm_backend.structured import validates
+    schema = {"type": "object", "properties": {"age": {"type": "integer", "minimum": 18, "maximum": 30},
+                                               "code": {"type": "string", "pattern": "^[A-Z]{3}$"}}}
+    fmt = {"type": "json_schema", "json_schema": {"name": "p", "schema": schema}}
+    result = complete(LLM(str(dream_chat)), ChatRequest([{"role": "user", "content": "A person."}],
+                                                        SamplingParams(max_tokens=48), response_format=fmt))
+    assert result.parsed is None and len(result.earlier) == 2       # random weights cannot meet it
+    assert not validates(schema, json.loads(result.content))       # and the content says why
+
+
+def test_a_literal_is_written_by_the_skeleton(dream_chat):
+    """pydantic writes Literal["person"] as const: it was a free string slot, so it never matched."""
+    schema = {"type": "object", "properties": {"kind": {"const": "person", "type": "string"},
+                                               "name": {"type": "string"}}}
+    fmt = {"type": "json_schema", "json_schema": {"name": "p", "schema": schema}}
+    result = complete(LLM(str(dream_chat)), ChatRequest([{"role": "user", "content": "A person."}],
+                                                        SamplingParams(max_tokens=48), response_format=fmt))
+    assert result.parsed["kind"] == "person" and set(result.parsed) == {"kind", "name"}
+
+
+def test_a_forced_call_without_a_skeleton_is_sampled_again_when_it_misses(dream_chat):
+    """Array parameters have no skeleton: a call with argument names the tool does not have (or no
+    call) came back as the answer to a forced tool_choice. It is now checked and sampled again."""
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"cities": {"type": "array", "items": {"type": "string"}}},
+        "required": ["cities"], "additionalProperties": False}}}
+    result = complete(LLM(str(dream_chat)), ChatRequest([{"role": "user", "content": "Paris?"}],
+                                                        SamplingParams(max_tokens=48), tools=[tool],
+                                                        tool_choice="required"))
+    assert len(result.earlier) == 2 and result.tool_calls == []   # random weights: three misses, none passed off
+
+
+def test_a_call_missing_its_closing_tag_does_not_swallow_the_next():
+    text = ('<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n'
+            '<tool_call>\n{"name": "g", "arguments": {}}\n</tool_call>')
+    content, calls, bad = parse_tool_calls(text)
+    assert calls == [{"name": "f", "arguments": {"x": 1}}, {"name": "g", "arguments": {}}] and not bad

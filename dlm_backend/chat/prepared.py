@@ -9,7 +9,7 @@ import uuid
 from dlm_backend.chat.messages import ChatRequest, ChatResult, normalize_messages
 from dlm_backend.engine.outputs import GenerationOutput
 from dlm_backend.engine.params import SamplingParams
-from dlm_backend.structured import JsonPlan, nearest, plan_json, plan_tool_call
+from dlm_backend.structured import JsonPlan, nearest, plan_json, plan_tool_call, validates
 from dlm_backend.tool_calls import (CLOSE, NAME_HEAD, NAME_SLOTS, OPEN, fallback_messages, normalize_tools,
                                     parse_tool_calls, tool_choice_name)
 
@@ -93,18 +93,29 @@ class Prepared:
         self.force(nearest([t["function"]["name"] for t in self.tools], written.strip()))
 
     @property
+    def free_call(self) -> bool:
+        """A forced call whose parameters have no skeleton (arrays, nested objects): only its head is fixed."""
+        return self.forced is not None and self.call_plan is None
+
+    @property
     def attempts(self) -> list[SamplingParams]:
-        """The request's own params, then (generate-and-validate) fresh seeded samples for JSON that
-        has no skeleton: greedy decoding would only repeat an answer that failed the schema."""
+        """The request's own params, then (generate-and-validate) fresh seeded samples for JSON or a
+        forced call that missed its schema: greedy decoding would only repeat the miss."""
         params = self.request.params
-        if self.json_plan is None or self.json_plan.slots:
+        if self.json_plan is None and not self.free_call:
             return [params]
         seed = params.seed or 0
         return [params] + [params.replace(temperature=params.temperature or RESAMPLE_TEMPERATURE, seed=seed + i)
                            for i in range(1, JSON_RESAMPLES + 1)]
 
     def retry(self, result: ChatResult) -> bool:
-        """Whether the answer missed its JSON schema (or did not parse) and another sample may help."""
+        """Whether the answer missed its JSON schema (or did not parse), or a forced call without a
+        skeleton is missing or breaks its tool's parameters, and another sample may help."""
+        if self.free_call:
+            params = next(t["function"]["parameters"] for t in self.tools if t["function"]["name"] == self.forced)
+            calls = result.tool_calls
+            return not (calls and calls[0]["function"]["name"] == self.forced
+                        and validates(params, json.loads(calls[0]["function"]["arguments"])))
         return self.json_plan is not None and result.parsed is None
 
     def finish(self, output: GenerationOutput) -> ChatResult:
@@ -113,7 +124,7 @@ class Prepared:
             parsed, content = self.json_plan.parse(self.llm.tokenizer, output.token_ids, text)
             return ChatResult(content, [], output.finish_reason, output, parsed, earlier=list(self.spent))
         if self.call_plan is not None:       # the skeleton holds the call; read the argument slots
-            args = self.call_plan.parse(self.llm.tokenizer, output.token_ids, text)[0] if self.call_plan.slots else {}
+            args = self.call_plan.slot_values(self.llm.tokenizer, output.token_ids) if self.call_plan.slots else {}
             content, calls, bad = "", [{"name": self.forced, "arguments": args}], []
         else:
             # A well-formed call to a tool that was not offered stays a call, as vLLM's parsers
