@@ -259,8 +259,9 @@ class LLMEngine:
             # (a forced call's '<tool_call>\n{"name": ...', a JSON skeleton's quotes) was not generated,
             # and a stop of '"' or '\n' there emptied the answer it was meant to shape.
             n_template = seq.template_end - seq.prompt_len
-            free_from = len(self.tokenizer.decode(tokens[:n_template])) if n_template else 0
-            for stop in seq.params.stop if len(tokens) >= n_template else ():
+            stops = seq.params.stop if len(tokens) >= n_template else ()
+            free_from = len(self.tokenizer.decode(tokens[:n_template])) if stops and n_template else 0
+            for stop in stops:
                 at = text.find(stop, max(free_from, len(emitted) - len(stop)))
                 if at != -1:
                     # One pass may commit a block past the stop string: the output (and the usage
