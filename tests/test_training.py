@@ -106,6 +106,24 @@ def test_bad_qa_share_is_refused_before_anything_is_written(tmp_path, field):
     assert not (tmp_path / "x").exists()
 
 
+def test_unknown_eos_run_distribution_is_refused_before_anything_is_written(tmp_path):
+    with pytest.raises(DLMError, match="--pad-dist: got 'gauss'; give 'uniform' or 'log'"):
+        train(replace(TINY, out_dir=str(tmp_path / "x"), pad_dist="gauss"))
+    assert not (tmp_path / "x").exists()
+
+
+def test_log_eos_runs_reach_every_length_for_a_third_of_the_tokens():
+    pairs = [([1] * 30, [2] * 5)] * 4000
+    runs = {}
+    for dist in ("uniform", "log"):
+        batches = PackedBatches(pairs, seed=0, max_len=512, rows=4, max_extra_pad=256, eos=0, pad_dist=dist)
+        runs[dist] = [extra for batch in batches._plan(0) for row in batch for _, extra in row]
+    log, uniform = runs["log"], runs["uniform"]
+    assert min(log) == 1 and max(log) == 256
+    assert sum(r > 200 for r in log) / len(log) > 0.02                # long canvases still appear
+    assert sum(log) / len(log) < 0.45 * sum(uniform) / len(uniform)   # at well under half the EOS tokens
+
+
 def test_training_is_deterministic_resumable_and_loads_in_the_engine(tmp_path):
     straight = train(replace(TINY, out_dir=str(tmp_path / "a")))
     half = train(replace(TINY, out_dir=str(tmp_path / "b")), stop_at=2)     # interrupted

@@ -14,6 +14,7 @@ pre-training; its questions repeat names from its contexts, so this is also copy
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass
 
@@ -45,13 +46,15 @@ class PackedBatches:
 
     Each epoch shuffles the examples (seeded) and fills ``rows`` rows of ``max_len`` tokens in that
     order; every example is followed by 1..``max_extra_pad`` EOS tokens (the model learns to end a
-    reply and fill the rest of its canvas).
+    reply and fill the rest of its canvas), drawn uniformly or, with ``pad_dist="log"``,
+    log-uniformly: short runs as often as long ones on a log scale, so a run up to 256 costs a mean
+    of 46 EOS tokens an example instead of 128 and still shows every canvas length.
     """
 
     def __init__(self, pairs: list[tuple[list[int], list[int]]], seed: int, max_len: int, rows: int,
-                 max_extra_pad: int, eos: int):
+                 max_extra_pad: int, eos: int, pad_dist: str = "uniform"):
         self.pairs, self.seed, self.max_len, self.rows = pairs, seed, max_len, rows
-        self.max_extra_pad, self.eos = max_extra_pad, eos
+        self.max_extra_pad, self.eos, self.pad_dist = max_extra_pad, eos, pad_dist
         self._epochs: dict[int, list[list[list[tuple[int, int]]]]] = {}
         self._lengths: dict[int, int] = {}           # batches per epoch: EOS runs change the packing
 
@@ -63,7 +66,7 @@ class PackedBatches:
             rng.shuffle(order)
             batches, batch, row, used = [], [], [], 0
             for j in order:
-                extra = rng.randint(1, self.max_extra_pad)
+                extra = self._extra(rng)
                 n = min(self.max_len, len(self.pairs[j][0]) + len(self.pairs[j][1]) + extra)
                 if used + n > self.max_len:           # the row is full: start the next one
                     batch.append(row)
@@ -76,6 +79,12 @@ class PackedBatches:
             self._epochs = {epoch: batches}           # keep one epoch's plan in memory
             self._lengths[epoch] = len(batches)
         return self._epochs[epoch]
+
+    def _extra(self, rng: random.Random) -> int:
+        """One example's EOS run, 1..``max_extra_pad``."""
+        if self.pad_dist == "log":
+            return min(self.max_extra_pad, int(math.exp(rng.uniform(0, math.log(self.max_extra_pad + 1)))))
+        return rng.randint(1, self.max_extra_pad)
 
     def _epoch_length(self, epoch: int) -> int:
         return self._lengths[epoch] if epoch in self._lengths else len(self._plan(epoch))
