@@ -1,6 +1,7 @@
 """The corpus, tokenizer, objective and training loop behind the embedded model."""
 
 import json
+import re
 from dataclasses import replace
 
 import pytest
@@ -52,6 +53,10 @@ def test_score_rejects_wrong_answers():
     assert score(ex, "<tool_call>{oops</tool_call>") == {"valid": False, "exact": False}
     js = corpus.generate(1, seed=0, families=["json"])[0]
     assert score(js, "{not json") == {"valid": False, "exact": False}
+    js, key = next((e, k) for e in corpus.generate(50, seed=0, families=["json"])
+                   for k, v in e.expected["schema"]["properties"].items() if v["type"] == "integer")
+    as_float = json.dumps({**js.expected["object"], key: float(js.expected["object"][key])})
+    assert score(js, as_float) == {"valid": False, "exact": False}        # 15.0 is not the integer 15
 
 
 def test_wilson_interval_shows_how_little_fifty_prompts_say():
@@ -106,10 +111,39 @@ def test_bad_qa_share_is_refused_before_anything_is_written(tmp_path, field):
     assert not (tmp_path / "x").exists()
 
 
-def test_unknown_eos_run_distribution_is_refused_before_anything_is_written(tmp_path):
-    with pytest.raises(DLMError, match="--pad-dist: got 'gauss'; give 'uniform' or 'log'"):
-        train(replace(TINY, out_dir=str(tmp_path / "x"), pad_dist="gauss"))
+@pytest.mark.parametrize("flags, needle", [
+    ({"pad_dist": "gauss"}, "--pad-dist: got 'gauss'; give 'uniform' or 'log'"),
+    ({"save_every": 0}, "--save-every must be at least 1"),
+    ({"max_extra_pad": 0}, "--max-extra-pad must be at least 1"),
+    ({"rows": 0}, "--rows must be at least 1"),
+    ({"num_heads": 3}, "must divide --hidden-size 32"),
+    ({"num_heads": 4}, "heads of at least 16 dims"),
+    ({"family_weights": "qa=nan"}, "not finite"),
+    ({"family_weights": ",".join(f"{f}=0" for f in corpus.FAMILIES)}, "every family weighs 0"),
+    ({"init_from": "."}, "no config.json there"),
+])
+def test_flags_that_cannot_make_a_run_are_refused_before_anything_is_written(tmp_path, flags, needle):
+    with pytest.raises(DLMError, match=re.escape(needle)):
+        train(replace(TINY, out_dir=str(tmp_path / "x"), **flags))
     assert not (tmp_path / "x").exists()
+
+
+def test_too_few_examples_for_one_step_is_an_error_not_a_hang():
+    with pytest.raises(DLMError, match="do not fill one step of 4 rows"):
+        PackedBatches([([1] * 50, [2] * 5)] * 3, 0, 512, 4, 40, 0)(0)
+
+
+def test_a_resume_with_other_flags_and_a_stage_with_other_circuits_are_refused(tmp_path):
+    run = tmp_path / "a"
+    train(replace(TINY, out_dir=str(run)), stop_at=2)
+    with pytest.raises(DLMError, match=r"other flags \(--pad-dist 'uniform' -> 'log', --seed 0 -> 7\)"):
+        train(replace(TINY, out_dir=str(run), seed=7, pad_dist="log"))
+    first = train(replace(TINY, out_dir=str(run), steps=5))          # more steps: the same run, resumed
+    assert json.loads((first / "config.json").read_text())["dlm_training"]["pointer_layer"] == 2
+    for flags, needle in [({"pointer_layer": 0}, "--pointer-layer 0 (checkpoint: 2)"),
+                          ({"hidden_size": 64}, "--hidden-size 64 (checkpoint: 32)")]:
+        with pytest.raises(DLMError, match=re.escape(needle)):
+            train(replace(TINY, out_dir=str(tmp_path / "b"), init_from=str(first), steps=0, **flags))
 
 
 def test_log_eos_runs_reach_every_length_for_a_third_of_the_tokens():

@@ -16,9 +16,10 @@ from langchain_core.language_models import BaseChatModel, LanguageModelInput
 from langchain_core.language_models.chat_models import LangSmithParams
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage, convert_to_openai_messages
 from langchain_core.messages.ai import UsageMetadata
-from langchain_core.output_parsers import JsonOutputKeyToolsParser, JsonOutputParser, PydanticToolsParser
+from langchain_core.exceptions import OutputParserException
+from langchain_core.output_parsers import JsonOutputKeyToolsParser, PydanticToolsParser
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
-from langchain_core.runnables import Runnable, RunnableMap, RunnablePassthrough
+from langchain_core.runnables import Runnable, RunnableLambda, RunnableMap, RunnablePassthrough
 from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_json_schema, convert_to_openai_tool
 from pydantic import BaseModel, ConfigDict, Field
@@ -128,7 +129,8 @@ class ChatDLM(BaseChatModel):
             invalid_tool_calls=[{"name": b["name"], "args": b["arguments"], "id": None, "error": b["error"],
                                  "type": "invalid_tool_call"} for b in result.invalid_tool_calls],
             usage_metadata=_usage(result),
-            response_metadata=_metadata(result, model))
+            response_metadata=_metadata(result, model),
+            additional_kwargs=_parsed(result))
 
     def _generate(self, messages: list[BaseMessage], stop: list[str] | None = None,
                   run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any) -> ChatResult:
@@ -143,7 +145,7 @@ class ChatDLM(BaseChatModel):
 
     def _chunk(self, delta: chat.ChatDelta, model: str) -> ChatGenerationChunk:
         if delta.result is not None:
-            msg = AIMessageChunk(content="", usage_metadata=_usage(delta.result),
+            msg = AIMessageChunk(content="", usage_metadata=_usage(delta.result), additional_kwargs=_parsed(delta.result),
                                  response_metadata=_metadata(delta.result, model), chunk_position="last")
         elif delta.tool_call is not None:
             fn = delta.tool_call["function"]
@@ -204,7 +206,7 @@ class ChatDLM(BaseChatModel):
             else:
                 fmt = {"type": "json_object"}
             llm = self.bind(response_format=fmt, ls_structured_output_format=ls_format, **kwargs)
-            parser = _PydanticJson(schema) if is_model else JsonOutputParser()
+            parser = RunnableLambda(_read_parsed(schema if is_model else None))
         if not include_raw:
             return llm | parser
         parsed = RunnablePassthrough.assign(parsed=itemgetter("raw") | parser, parsing_error=lambda _: None)
@@ -221,9 +223,27 @@ def _is_pydantic(schema) -> bool:
     return issubclass(schema, (BaseModel, BaseModelV1))
 
 
-def _PydanticJson(schema: type) -> Runnable:
-    validate = schema.model_validate if issubclass(schema, BaseModel) else schema.parse_obj
-    return JsonOutputParser() | (lambda obj: validate(obj))
+def _parsed(result: chat.ChatResult) -> dict:
+    """A response_format reply's JSON as the engine checked it, where ChatOpenAI puts it."""
+    return {} if result.parsed is None else {"parsed": result.parsed}
+
+
+def _read_parsed(model: type | None):
+    """The structured-output parser: the engine's own parse, already checked against the schema.
+
+    Re-reading the text with LangChain's lenient JSON parser turned a reply that missed the schema
+    into ``{}`` or an out-of-bounds object; a miss is an ``OutputParserException`` instead, which
+    ``include_raw=True`` reports as ``parsing_error`` with ``parsed=None``, as ChatOpenAI does.
+    """
+    def read(message: AIMessage):
+        parsed = message.additional_kwargs.get("parsed")
+        if parsed is None:
+            raise OutputParserException(f"The reply does not match the requested JSON schema: {message.content!r}",
+                                        llm_output=str(message.content))
+        if model is None:
+            return parsed
+        return model.model_validate(parsed) if issubclass(model, BaseModel) else model.parse_obj(parsed)
+    return read
 
 
 def _args(call: dict) -> dict:

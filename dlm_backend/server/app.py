@@ -22,7 +22,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from dlm_backend import chat
-from dlm_backend.adapters.common import refuse_unsupported, sampling_params
+from dlm_backend.adapters.common import SERVING_DEFAULTS, refuse_unsupported, sampling_params
 from dlm_backend.engine.engine import check_dtype
 from dlm_backend.engine.llm import LLM
 from dlm_backend.engine.loader import default_model
@@ -108,6 +108,9 @@ def create_app(model: str | None = None, served_name: str | None = None, device:
     async def internal_error(_: Request, exc: Exception):
         return _error(500, f"Internal error ({type(exc).__name__}); the server keeps running.", "server_error")
 
+    # A request that sends no max_tokens gets the serving default, capped to this server's limit.
+    serving = {**SERVING_DEFAULTS, "max_tokens": min(SERVING_DEFAULTS["max_tokens"], cfg.max_tokens_limit)}
+
     def admit(prompt_ids: list[int], params, template: list | None = None) -> None:
         """Server limits and the engine's own checks, before anything is queued or a 200 goes out
         (a streamed response's errors would otherwise arrive as an event after a 200)."""
@@ -148,7 +151,7 @@ def create_app(model: str | None = None, served_name: str | None = None, device:
     async def chat_completions(body: ChatCompletionRequest, http: Request):
         refuse_unsupported(body.model_dump())
         await asyncio.to_thread(llm)       # with --lazy the first request loads the model: not on the loop
-        request = chat.ChatRequest(body.messages, sampling_params(llm(), {}, body.knobs()), tools=body.tools,
+        request = chat.ChatRequest(body.messages, sampling_params(llm(), {}, body.knobs(), serving), tools=body.tools,
                                    tool_choice=body.tool_choice, response_format=body.response_format)
         prep = chat.Prepared(llm(), request)          # validates before the 200 goes out
         admit(prep.prompt_ids, prep.request.params, prep.template)
@@ -175,7 +178,7 @@ def create_app(model: str | None = None, served_name: str | None = None, device:
         prompts = [body.prompt] if one else body.prompt
         if len(prompts) != 1:
             return _error(400, "Send one prompt per request (batch by sending concurrent requests).")
-        params = sampling_params(llm(), {}, body.knobs())
+        params = sampling_params(llm(), {}, body.knobs(), serving)
         ids = llm().tokenizer.encode(prompts[0]) if isinstance(prompts[0], str) else prompts[0]
         admit(ids, params)
         rid, created = f"cmpl-{uuid.uuid4().hex[:24]}", int(time.time())

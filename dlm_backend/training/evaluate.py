@@ -91,7 +91,8 @@ def score(example: corpus.Example, text: str) -> dict:
         props = exp["schema"]["properties"]
         valid = isinstance(obj, dict) and set(obj) == set(props) and all(
             isinstance(obj[k], types[v["type"]]) and not isinstance(obj[k], bool) for k, v in props.items())
-        return {"valid": valid, "exact": obj == exp["object"]}
+        # 15.0 == 15 and True == 1 in Python: an exact answer must be a valid one too.
+        return {"valid": valid, "exact": valid and obj == exp["object"]}
     if fam == "chat":
         return {"exact": _norm(text) in {_norm(a) for a in exp["answers"]}}
     if fam == "list" and "category" in exp:

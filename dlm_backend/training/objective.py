@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from dlm_backend.engine.layers import AttentionContext, attention_context
+from dlm_backend.errors import DLMError
 
 
 @dataclass
@@ -76,6 +77,9 @@ class PackedBatches:
                         batch = []
                 row.append((j, extra))
                 used += n
+            if not batches:
+                raise DLMError(f"{len(self.pairs)} examples do not fill one step of {self.rows} rows of "
+                               f"{self.max_len} tokens; raise --num-examples or lower --rows")
             self._epochs = {epoch: batches}           # keep one epoch's plan in memory
             self._lengths[epoch] = len(batches)
         return self._epochs[epoch]

@@ -32,6 +32,8 @@ from dlm_backend.training.circuits import build_copy_circuit, freeze_copy_circui
 from dlm_backend.training.pointer import build_pointer_head, pointer_parts
 from dlm_backend.training.objective import PackedBatches, diffusion_loss
 from dlm_backend.training.checkpoint import build_tokenizer, model_config, write_checkpoint_files
+from dlm_backend.training.checks import (TRAINING_KEY, check_flags, check_init_from, check_resume, check_weights,
+                                         saved_flags, training_settings)
 
 
 @dataclass
@@ -179,13 +181,14 @@ def train(cfg: TrainConfig, stop_at: int | None = None) -> Path:
 
     ``stop_at`` ends this run early after saving state, as an interruption would (tests use it).
     """
-    for flag, share in (("unanswerable", cfg.unanswerable), ("qa-hard", cfg.qa_hard)):
-        if not 0 <= share <= 1:
-            raise DLMError(f"--{flag} is a share of QA questions: got {share}, give 0..1 (e.g. 0.3)")
-    if cfg.pad_dist not in ("uniform", "log"):
-        raise DLMError(f"--pad-dist: got {cfg.pad_dist!r}; give 'uniform' or 'log'")
+    check_flags(cfg)
     weights = parse_weights(cfg.family_weights)
+    check_weights(weights, corpus.FAMILIES)
     out = Path(cfg.out_dir)
+    state_path, log_path = out / "train_state.pt", out / "loss.csv"
+    state = torch.load(state_path, weights_only=True) if state_path.is_file() else None
+    if state is not None:
+        check_resume(saved_flags(state), cfg)
     out.mkdir(parents=True, exist_ok=True)
     # Subnormal floats appear as the weights train and x86 handles them in microcode: step time grew
     # from 1.0 to 3.3 s; with flush-to-zero the same batch on step-750 weights takes 1.1 s instead of
@@ -204,8 +207,11 @@ def train(cfg: TrainConfig, stop_at: int | None = None) -> Path:
         texts = [json.dumps(e.messages) + " " + json.dumps(e.tools or []) + " " + e.target for e in examples]
         tok = build_tokenizer(texts, cfg.vocab_size)
     config = model_config(cfg, tok)
+    config[TRAINING_KEY] = training_settings(cfg)
     if cfg.init_from:
-        config["rope_theta"] = json.loads((Path(cfg.init_from) / "config.json").read_text())["rope_theta"]
+        init_config = json.loads((Path(cfg.init_from) / "config.json").read_text())
+        check_init_from(init_config, cfg)
+        config["rope_theta"] = init_config["rope_theta"]
     write_checkpoint_files(model_dir, config, tok)
     chat = ChatTokenizer(model_dir)
     pairs = encode_examples(examples, chat, cfg.max_len)
@@ -226,10 +232,8 @@ def train(cfg: TrainConfig, stop_at: int | None = None) -> Path:
         if cfg.pointer_layer:
             freeze_parts(model, pointer_parts(model, cfg.pointer_layer, prev_dims=cfg.copy_prev_dims))
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.98), weight_decay=cfg.weight_decay)
-    state_path, log_path = out / "train_state.pt", out / "loss.csv"
     step, gen = 0, torch.Generator().manual_seed(cfg.seed)
-    if state_path.is_file():
-        state = torch.load(state_path, weights_only=True)
+    if state is not None:
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
         step = state["step"]
@@ -263,7 +267,7 @@ def train(cfg: TrainConfig, stop_at: int | None = None) -> Path:
         bar.update()
         if step % cfg.save_every == 0 or step in (cfg.steps, stop_at):
             torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step,
-                        "gen": gen.get_state()}, state_path)
+                        "gen": gen.get_state(), "config": json.dumps(asdict(cfg))}, state_path)
     bar.close()
     if step < cfg.steps:
         return model_dir

@@ -31,6 +31,23 @@ def test_structured_output_returns_the_schema_class(dream_chat, schema, method):
     assert chunks and isinstance(chunks[-1], schema)
 
 
+@pytest.mark.parametrize("method", ["json_schema", "json_mode"])
+def test_structured_output_that_misses_the_schema_is_a_parsing_error_not_a_lenient_parse(dream_chat, method):
+    """An untrained model writes no JSON in json_mode and cannot meet this pattern: LangChain's lenient
+    parser used to return ``{}`` or the object that broke the schema as if it were the answer."""
+    from langchain_core.exceptions import OutputParserException
+
+    schema = {"title": "Code", "type": "object", "required": ["code"],
+              "properties": {"code": {"type": "string", "pattern": "^zq-[0-9]{12}$"}}}
+    model = ChatDLM(model=str(dream_chat), max_tokens=24, block_length=8, kv_cache="dual", sampler="threshold")
+    chat = model.with_structured_output(schema if method == "json_schema" else None, method=method, include_raw=True)
+    out = chat.invoke("Give me the code.")
+    assert out["parsed"] is None and isinstance(out["parsing_error"], OutputParserException)
+    assert out["raw"].additional_kwargs == {}
+    with pytest.raises(OutputParserException, match="does not match the requested JSON schema"):
+        model.with_structured_output(schema, method="json_schema").invoke("Give me the code.")
+
+
 def test_a_malformed_call_is_an_invalid_tool_call_not_a_silent_empty_message():
     from dlm_backend.chat import ChatResult
     from dlm_backend.engine.outputs import GenerationOutput

@@ -80,6 +80,19 @@ def test_malformed_and_out_of_limit_requests_are_400_without_traces(guarded):
         assert "Traceback" not in r.text and 'File "' not in r.text
 
 
+def test_a_request_without_max_tokens_gets_the_default_capped_to_the_limit(guarded):
+    """The serving default (256 tokens) is the server's own: under --max-tokens-limit 64 it was a 400
+    saying "max_tokens 256" to every client that sent none."""
+    chat = body()
+    del chat["max_tokens"]
+    r = httpx.post(guarded + CHAT, json=chat, headers=auth(), timeout=60)
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["completion_tokens"] <= 64
+    r = httpx.post(guarded + "/v1/completions", json={"model": "tiny", "prompt": "hi", "block_length": 8},
+                   headers=auth(), timeout=60)
+    assert r.status_code == 200, r.text
+
+
 def test_metrics_in_prometheus_format(guarded):
     for content in ("hi", "hello there"):
         assert httpx.post(guarded + CHAT, json=body(content), headers=auth(), timeout=60).status_code == 200
