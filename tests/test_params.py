@@ -125,5 +125,6 @@ def test_devices_the_machine_lacks_are_named():
 
 def test_eval_refuses_an_empty_slice():
     from dlm_backend.training.evaluate import evaluate
-    with pytest.raises(DLMError, match="give 1 or more"):
-        evaluate(per_family=0)
+    for bad in (0, True, 2.5):
+        with pytest.raises(DLMError, match="give 1 or more"):
+            evaluate(per_family=bad)

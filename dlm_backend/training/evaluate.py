@@ -1,7 +1,9 @@
 """Quality against speed on the held-out set: every sampler and cache mode, one table, one plot.
 
 The held-out examples come from another seed and from the evaluation entity split, so no name,
-city or value in them was seen in training.
+city or value in them was seen in training. Families without entities can repeat a training prompt
+word for word (arithmetic, lists, chat: "What is 12 plus 30?"); ``benchmarks/heldout_overlap.py``
+counts those for a run and scores the unseen rest.
 """
 
 from __future__ import annotations
@@ -140,7 +142,7 @@ def groups(examples: list[corpus.Example], results: list) -> dict[str, list]:
 def evaluate(model: str | None = None, per_family: int = 50, configs: list[EvalConfig] | None = None,
              batch_size: int = 16) -> list[dict]:
     """One row per (config, family) plus an ``all`` row per config."""
-    if not isinstance(per_family, int) or per_family < 1:
+    if not isinstance(per_family, int) or isinstance(per_family, bool) or per_family < 1:
         raise DLMError(f"per_family (--per-family) is the number of held-out prompts per task family: got "
                        f"{per_family!r}, give 1 or more (e.g. 20).")
     llm = LLM(model)

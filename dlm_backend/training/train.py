@@ -15,6 +15,7 @@ from __future__ import annotations
 import ctypes
 import json
 import math
+import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -266,8 +267,10 @@ def train(cfg: TrainConfig, stop_at: int | None = None) -> Path:
         bar.set_postfix(loss=f"{ema:.3f}")
         bar.update()
         if step % cfg.save_every == 0 or step in (cfg.steps, stop_at):
+            # Written aside and renamed: a run killed while saving keeps its previous state.
             torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step,
-                        "gen": gen.get_state(), "config": json.dumps(asdict(cfg))}, state_path)
+                        "gen": gen.get_state(), "config": json.dumps(asdict(cfg))}, state_path.with_suffix(".tmp"))
+            os.replace(state_path.with_suffix(".tmp"), state_path)
     bar.close()
     if step < cfg.steps:
         return model_dir
