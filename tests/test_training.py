@@ -121,11 +121,32 @@ def test_bad_qa_share_is_refused_before_anything_is_written(tmp_path, field):
     ({"family_weights": "qa=nan"}, "not finite"),
     ({"family_weights": ",".join(f"{f}=0" for f in corpus.FAMILIES)}, "every family weighs 0"),
     ({"init_from": "."}, "no config.json there"),
+    ({"precision": "fp16"}, "--precision: got 'fp16'; give 'float32' or 'bf16'"),
 ])
 def test_flags_that_cannot_make_a_run_are_refused_before_anything_is_written(tmp_path, flags, needle):
     with pytest.raises(DLMError, match=re.escape(needle)):
         train(replace(TINY, out_dir=str(tmp_path / "x"), **flags))
     assert not (tmp_path / "x").exists()
+
+
+def test_bf16_is_refused_where_the_cpu_would_emulate_it(tmp_path, monkeypatch):
+    import dlm_backend.training.checks as checks
+
+    monkeypatch.setattr(checks, "bf16_is_native", lambda: False)
+    with pytest.raises(DLMError, match="--precision bf16 needs a CPU with native bfloat16"):
+        train(replace(TINY, out_dir=str(tmp_path / "x"), precision="bf16"))
+    assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.skipif(not torch.ops.mkldnn._is_mkldnn_bf16_supported(), reason="this CPU has no native bf16")
+def test_a_bf16_run_follows_the_float32_run(tmp_path):
+    runs = {p: train(replace(TINY, out_dir=str(tmp_path / p), precision=p, steps=6)) for p in ("float32", "bf16")}
+    losses = {p: [float(line.split(",")[1]) for line in (m.parent / "loss.csv").read_text().splitlines()]
+              for p, m in runs.items()}
+    assert losses["bf16"] != losses["float32"]                               # the products did run in bf16
+    assert losses["bf16"] == pytest.approx(losses["float32"], rel=0.02)      # and the loss follows float32's
+    weights = load_file(str(runs["bf16"] / "model.safetensors"))
+    assert all(w.dtype == torch.float32 for w in weights.values())           # master weights stay float32
 
 
 def test_too_few_examples_for_one_step_is_an_error_not_a_hang():

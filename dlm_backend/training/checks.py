@@ -33,6 +33,11 @@ def check_flags(cfg: TrainConfig) -> None:
             raise DLMError(f"--{flag} is a share of QA questions: got {share}, give 0..1 (e.g. 0.3)")
     if cfg.pad_dist not in ("uniform", "log"):
         raise DLMError(f"--pad-dist: got {cfg.pad_dist!r}; give 'uniform' or 'log'")
+    if cfg.precision not in ("float32", "bf16"):
+        raise DLMError(f"--precision: got {cfg.precision!r}; give 'float32' or 'bf16'")
+    if cfg.precision == "bf16" and not bf16_is_native():
+        raise DLMError("--precision bf16 needs a CPU with native bfloat16 (AVX512-BF16 or AMX); this one would "
+                       "emulate it, hundreds of times slower: train with --precision float32")
     for flag, value in (("save-every", cfg.save_every), ("max-extra-pad", cfg.max_extra_pad), ("rows", cfg.rows),
                         ("num-examples", cfg.num_examples)):
         if value < 1:
@@ -50,6 +55,13 @@ def check_flags(cfg: TrainConfig) -> None:
     if cfg.init_from and not (Path(cfg.init_from) / "config.json").is_file():
         raise DLMError(f"--init-from {cfg.init_from}: no config.json there; give the checkpoint folder "
                        f"(a run's model/ folder, or dlm_backend/assets/dlm-tiny)")
+
+
+def bf16_is_native() -> bool:
+    """Whether this CPU multiplies bfloat16 in hardware (oneDNN's own test)."""
+    import torch
+
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 def check_weights(weights: dict[str, float], families: dict[str, float]) -> None:

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 from dlm_backend.engine.layers import AttentionContext, attention_context
 from dlm_backend.errors import DLMError
+from dlm_backend.training.example_attention import ExampleAttention
 
 
 @dataclass
@@ -159,9 +160,8 @@ def diffusion_loss(model, batch: PackedBatch, mask_id: int, gen: torch.Generator
     in_example = batch.ex >= 0
     causal_tok = causal[batch.ex.clamp_min(0)] & in_example                         # [B, L]
     masked &= ~causal_tok
-    attend = batch.attend & (~causal_tok[:, :, None] | (batch.pos[:, None, :] <= batch.pos[:, :, None]))
     noisy = torch.where(masked, torch.full_like(batch.ids, mask_id), batch.ids)
-    with attention_context(AttentionContext(rows=(B, L), attend=attend)):
+    with attention_context(AttentionContext(batch=ExampleAttention(batch.ex, causal))):
         hidden = model(noisy.reshape(-1), batch.pos.reshape(-1)).view(B, L, -1)    # [B, L, D]
     target = masked | (causal_tok & (batch.pos >= 1))
     b, i = target.nonzero(as_tuple=True)
