@@ -52,6 +52,9 @@ def check_flags(cfg: TrainConfig) -> None:
         raise DLMError(f"the copy circuit needs heads of at least 16 dims (8 rotary pairs); --hidden-size "
                        f"{cfg.hidden_size} over {cfg.num_heads} heads gives {head_dim}: use fewer heads or "
                        f"--no-copy-circuit")
+    if cfg.pointer_layer and not cfg.copy_circuit:
+        raise DLMError(f"--pointer-layer {cfg.pointer_layer} copies through the copy circuit, which "
+                       f"--no-copy-circuit turns off: pass --pointer-layer 0 with it")
     if cfg.init_from and not (Path(cfg.init_from) / "config.json").is_file():
         raise DLMError(f"--init-from {cfg.init_from}: no config.json there; give the checkpoint folder "
                        f"(a run's model/ folder, or dlm_backend/assets/dlm-tiny)")

@@ -97,7 +97,8 @@ def qa(rng: random.Random, ent: Entities, unanswerable: float = 0.15, hard: floa
         other = rng.choice([p for p in people if p != person] or [ent.name()])
         known[(other, attr)] = ATTRS[attr][0](ent, rng)
         facts.insert(rng.randrange(len(facts) + 1), ATTRS[attr][1].format(n=other, v=known[(other, attr)]))
-    distractor = any(p != person and a == attr for p, a in known)
+    # a distractor only when the other value differs: with the same value the attribute alone answers
+    distractor = any(p != person and a == attr and v != answer for (p, a), v in known.items())
     question = rng.choice(ATTRS[attr][2]).format(n=person)
     messages = rng.choice(QA_WRAPPERS)(" ".join(facts), question)
     return Example("qa", messages, answer, expected={"answer": answer, "distractor": distractor})

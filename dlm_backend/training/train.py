@@ -238,6 +238,7 @@ def train(cfg: TrainConfig, stop_at: int | None = None) -> Path:
             freeze_parts(model, pointer_parts(model, cfg.pointer_layer, prev_dims=cfg.copy_prev_dims))
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.98), weight_decay=cfg.weight_decay)
     step, gen = 0, torch.Generator().manual_seed(cfg.seed)
+    ema, elapsed = None, 0.0          # a resumed run continues the loss curve's EMA and clock
     if state is not None:
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
@@ -246,6 +247,9 @@ def train(cfg: TrainConfig, stop_at: int | None = None) -> Path:
         if log_path.exists():     # steps logged after the last save will run (and log) again
             kept = [line for line in log_path.read_text().splitlines() if int(line.split(",")[0]) <= step]
             log_path.write_text("".join(line + "\n" for line in kept))
+            if kept:
+                _, _, last_ema, last_time = kept[-1].split(",")
+                ema, elapsed = float(last_ema), float(last_time)
     elif log_path.exists():
         log_path.unlink()
     (out / "train_config.json").write_text(json.dumps(asdict(cfg), indent=2))
@@ -253,7 +257,7 @@ def train(cfg: TrainConfig, stop_at: int | None = None) -> Path:
                              cfg.pad_dist)
     model.train()
     bar = tqdm(total=cfg.steps, initial=step, desc="train dlm-tiny")
-    start, ema = time.time(), None
+    start = time.time() - elapsed
     while step < (stop_at or cfg.steps):
         batch = batch_at(step)
         for group in opt.param_groups:
