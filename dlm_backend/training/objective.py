@@ -140,7 +140,8 @@ def sample_mask(batch: PackedBatch, gen: torch.Generator, t_min: float,
 
 
 def diffusion_loss(model, batch: PackedBatch, mask_id: int, gen: torch.Generator, t_min: float,
-                   prompt_mask_prob: float, pad_weight: float, ar_prob: float = 0.0) -> torch.Tensor:
+                   prompt_mask_prob: float, pad_weight: float, ar_prob: float = 0.0,
+                   per_example: bool = True) -> torch.Tensor:
     """Masked-diffusion loss: cross-entropy on masked tokens weighted by 1/t, summed per example
     and divided by its supervised length, averaged over examples (so long examples do not dominate).
 
@@ -153,6 +154,10 @@ def diffusion_loss(model, batch: PackedBatch, mask_id: int, gen: torch.Generator
 
     The EOS run after a reply weighs ``pad_weight``: it is trivial to predict and at full weight it
     drowned the replies (a 24-example overfit test learned the padding and never the answers).
+
+    ``per_example=False`` attends over whole rows under a block-diagonal mask instead of
+    :class:`ExampleAttention`'s length buckets: the same loss, slower; benchmarks/bench_train_step.py
+    times the two.
     """
     B, L = batch.ids.shape
     masked, t, whole = sample_mask(batch, gen, t_min, prompt_mask_prob)
@@ -161,7 +166,12 @@ def diffusion_loss(model, batch: PackedBatch, mask_id: int, gen: torch.Generator
     causal_tok = causal[batch.ex.clamp_min(0)] & in_example                         # [B, L]
     masked &= ~causal_tok
     noisy = torch.where(masked, torch.full_like(batch.ids, mask_id), batch.ids)
-    with attention_context(AttentionContext(batch=ExampleAttention(batch.ex, causal))):
+    if per_example:
+        ctx = AttentionContext(batch=ExampleAttention(batch.ex, causal))
+    else:
+        own_past = batch.pos[:, None, :] <= batch.pos[:, :, None]
+        ctx = AttentionContext(rows=(B, L), attend=batch.attend & (~causal_tok[:, :, None] | own_past))
+    with attention_context(ctx):
         hidden = model(noisy.reshape(-1), batch.pos.reshape(-1)).view(B, L, -1)    # [B, L, D]
     target = masked | (causal_tok & (batch.pos >= 1))
     b, i = target.nonzero(as_tuple=True)
