@@ -3,6 +3,8 @@
 import pytest
 import torch
 
+from dlm_backend.training.checks import bf16_is_native
+
 from dlm_backend.engine.layers import AttentionContext, attention_context
 from dlm_backend.engine.models.dream import DreamModel
 from dlm_backend.errors import DLMError
@@ -88,6 +90,18 @@ def test_the_built_circuit_copies_before_any_training(bidirectional, masked):
     # predicted, and the masked position after the query must not win the match.
     assert _copy_accuracy(_model(circuit=True), bidirectional, masked) > 0.9
     assert _copy_accuracy(_model(circuit=False), bidirectional, masked) < 0.05
+
+
+@pytest.mark.skipif(not bf16_is_native(), reason="this CPU has no native bf16")
+@pytest.mark.parametrize("data", [_induction, _text])
+def test_the_circuit_copies_as_well_under_bf16_autocast(data):
+    # --precision bf16 runs the frozen circuits' matches in bf16 (rotary included) while inference
+    # runs float32: the copy they were built for must survive the rounding.
+    model = _model(circuit=True)
+    full = _copy_accuracy(model, bidirectional=True, masked=True, data=data)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        half = _copy_accuracy(model, bidirectional=True, masked=True, data=data)
+    assert half > full - 0.03, (full, half)
 
 
 def _layer0_attention(model: DreamModel, head: int, L: int) -> torch.Tensor:

@@ -62,3 +62,9 @@ def test_buckets_cover_each_example_once_and_refuse_what_does_not_fit():
     assert sorted(covered.tolist()) == (ex.reshape(-1) >= 0).nonzero().flatten().tolist()
     with pytest.raises(ValueError, match="exceeds the largest bucket"):
         ExampleAttention(torch.zeros(1, BUCKETS[-1] + 1, dtype=torch.long), torch.zeros(1, dtype=torch.bool))
+
+
+def test_an_example_split_across_a_row_is_refused():
+    ex = torch.tensor([[0, 0, 1, 1, 0, -1]])                # example 0 is not contiguous
+    with pytest.raises(ValueError, match="must be contiguous"):
+        ExampleAttention(ex, torch.zeros(2, dtype=torch.bool))

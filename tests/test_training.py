@@ -17,6 +17,7 @@ from dlm_backend.training.evaluate import (default_configs, evaluate, format_tab
 from dlm_backend.engine.tokenizer import Tokenizer as ChatTokenizer
 from dlm_backend.training.objective import PackedBatches
 from dlm_backend.training.checkpoint import build_tokenizer, model_config, write_checkpoint_files
+from dlm_backend.training.checks import bf16_is_native
 from dlm_backend.training.train import TrainConfig, encode_examples, parse_weights, train
 
 TINY = TrainConfig(num_examples=300, vocab_size=512, hidden_size=32, num_layers=3, num_heads=2, pointer_layer=2,
@@ -127,6 +128,7 @@ def test_bad_qa_share_is_refused_before_anything_is_written(tmp_path, field):
     ({"family_weights": ",".join(f"{f}=0" for f in corpus.FAMILIES)}, "every family weighs 0"),
     ({"init_from": "."}, "no config.json there"),
     ({"copy_circuit": False}, "pass --pointer-layer 0 with it"),
+    ({"max_len": 4096}, "--max-len 4096 is longer than the model's 2048 positions"),
     ({"precision": "fp16"}, "--precision: got 'fp16'; give 'float32' or 'bf16'"),
 ])
 def test_flags_that_cannot_make_a_run_are_refused_before_anything_is_written(tmp_path, flags, needle):
@@ -144,7 +146,7 @@ def test_bf16_is_refused_where_the_cpu_would_emulate_it(tmp_path, monkeypatch):
     assert not (tmp_path / "x").exists()
 
 
-@pytest.mark.skipif(not torch.ops.mkldnn._is_mkldnn_bf16_supported(), reason="this CPU has no native bf16")
+@pytest.mark.skipif(not bf16_is_native(), reason="this CPU has no native bf16")
 def test_a_bf16_run_follows_the_float32_run(tmp_path):
     runs = {p: train(replace(TINY, out_dir=str(tmp_path / p), precision=p, steps=6)) for p in ("float32", "bf16")}
     losses = {p: [float(line.split(",")[1]) for line in (m.parent / "loss.csv").read_text().splitlines()]
@@ -188,14 +190,17 @@ def test_log_eos_runs_reach_every_length_for_a_third_of_the_tokens():
 def test_training_is_deterministic_resumable_and_loads_in_the_engine(tmp_path):
     straight = train(replace(TINY, out_dir=str(tmp_path / "a")))
     half = train(replace(TINY, out_dir=str(tmp_path / "b")), stop_at=2)     # interrupted
-    with (tmp_path / "b" / "loss.csv").open("a") as f:
-        f.write("3,9.0,9.0,1.0\n")        # a step logged after the last save, then killed
+    first, second = (tmp_path / "b" / "loss.csv").read_text().splitlines()
+    step2_loss = second.split(",")[1]
+    # step 2 as if the run had been going 1000 s at an EMA of 5, then a step logged after the last
+    # save and a line cut short by the kill
+    (tmp_path / "b" / "loss.csv").write_text(f"{first}\n2,{step2_loss},5.0,1000.0\n3,9.0,9.0,1.0\n4")
     resumed = train(replace(TINY, out_dir=str(tmp_path / "b")))
     assert half == resumed
     log = [[float(x) for x in line.split(",")] for line in (tmp_path / "b" / "loss.csv").read_text().splitlines()]
     assert [int(row[0]) for row in log] == [1, 2, 3, 4]
-    assert log[2][2] == pytest.approx(0.98 * log[1][2] + 0.02 * log[2][1], abs=1e-4)   # the EMA goes on
-    assert log[2][3] >= log[1][3]                                                      # and so does the clock
+    assert log[2][2] == pytest.approx(0.98 * 5.0 + 0.02 * log[2][1], abs=1e-4)     # the EMA goes on
+    assert log[2][3] >= 1000.0                                                     # and so does the clock
     wa, wb = load_file(str(straight / "model.safetensors")), load_file(str(resumed / "model.safetensors"))
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
     assert len((tmp_path / "a" / "loss.csv").read_text().splitlines()) == 4

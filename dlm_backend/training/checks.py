@@ -16,8 +16,9 @@ from dlm_backend.errors import DLMError
 if TYPE_CHECKING:
     from dlm_backend.training.train import TrainConfig
 
-#: Flags a resumed run may change: how long it runs and how often it saves.
-RESUMABLE_CHANGES = {"steps", "save_every", "out_dir"}
+#: Flags a resumed run may change: how long it runs, how often it saves, the precision of its products.
+#: ``precision`` too: weights and optimiser state are float32 either way, so a bf16 run can go on in float32.
+RESUMABLE_CHANGES = {"steps", "save_every", "out_dir", "precision"}
 #: Settings a stage started with ``--init-from`` inherits: the frozen circuits were built for them.
 #: They are written into the run's config.json under this key.
 TRAINING_KEY = "dlm_training"
@@ -52,6 +53,8 @@ def check_flags(cfg: TrainConfig) -> None:
         raise DLMError(f"the copy circuit needs heads of at least 16 dims (8 rotary pairs); --hidden-size "
                        f"{cfg.hidden_size} over {cfg.num_heads} heads gives {head_dim}: use fewer heads or "
                        f"--no-copy-circuit")
+    if cfg.max_len > 2048:
+        raise DLMError(f"--max-len {cfg.max_len} is longer than the model's 2048 positions; give 2048 or less")
     if cfg.pointer_layer and not cfg.copy_circuit:
         raise DLMError(f"--pointer-layer {cfg.pointer_layer} copies through the copy circuit, which "
                        f"--no-copy-circuit turns off: pass --pointer-layer 0 with it")
@@ -61,10 +64,14 @@ def check_flags(cfg: TrainConfig) -> None:
 
 
 def bf16_is_native() -> bool:
-    """Whether this CPU multiplies bfloat16 in hardware (oneDNN's own test)."""
+    """Whether this CPU multiplies bfloat16 in hardware: AVX512-BF16 or AMX on x86. (oneDNN's own
+    ``_is_mkldnn_bf16_supported`` also says yes for AVX512 without BF16, where it emulates bf16.)"""
     import torch
 
-    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    try:
+        return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+    except AttributeError:       # a torch without these probes: do not guess
+        return False
 
 
 def check_weights(weights: dict[str, float], families: dict[str, float]) -> None:

@@ -76,7 +76,10 @@ def qa(rng: random.Random, ent: Entities, unanswerable: float = 0.15, hard: floa
     With probability ``hard`` someone else in the context has the asked attribute too, so the
     answer cannot be found by the attribute alone: the model must bind the value to the person
     (dlm-tiny's QA misses are nearly all that confusion: "How old is Fegrex?" answered with
-    Grourtex's age). ``hard=0`` draws nothing extra, so older corpora are unchanged.
+    Grourtex's age). ``hard=0`` draws nothing extra, so older corpora are unchanged. The label
+    ``distractor`` holds only when that other value differs from the answer: jobs, pets, colours
+    and sports come from short lists, so two people often share one, and then the attribute alone
+    answers (before session 14 such questions were labelled distractors too).
     """
     people = [ent.name() for _ in range(rng.randint(1, 3))]
     facts, known = [], {}

@@ -1,8 +1,8 @@
 """Attention for packed training rows, one example at a time, examples grouped by length.
 
 A packed row of 512 tokens holds several examples; attending over the whole row with a
-block-diagonal mask computes 512 x 512 scores a row of which, for rows of ~100-token examples, about
-a fifth are kept. One attention call per example avoids that but is many small calls, which
+block-diagonal mask computes 512 x 512 scores a row, of which a row of ~100-token examples keeps
+about a fifth. One attention call per example avoids that but is many small calls, which
 measured slower on 2 cores (1.96 against 1.84 s a step, session 13). Here the examples of a step are
 gathered into a few length buckets (32, 48, 64, ... 512 tokens: each at most 1.5x the previous), one
 ``[n, S, S]`` attention call per bucket, and scattered back: a handful of calls per layer at about a
@@ -19,7 +19,8 @@ import torch.nn.functional as F
 
 # Up to this bucket length attention runs as plain products and a softmax: on 2 cores, forward and
 # backward over [48, 4, 128, 64] in bf16 took 18 ms that way against 44 ms in torch's CPU flash kernel
-# (64 tokens: 11 against 37 ms); from 192 tokens on the flash kernel is faster (192: 54 against 56).
+# (64 tokens: 11 against 37 ms); from 192 tokens on the flash kernel is as fast or faster (flash
+# against plain: 192 tokens 54 against 56 ms, 256: 51 against 62, 384: 40 against 52).
 MATH_UP_TO = 128
 BUCKETS = (32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048)
 
@@ -55,6 +56,9 @@ class ExampleAttention:
             keep |= ~valid[:, :, None] & (offs == 0)[None, None, :]
             self.groups.append((index, valid, keep[:, None]))                     # mask [n, 1, S, S]
             dst.append(index[valid])
+        end = torch.full((E,), -1, dtype=torch.long).scatter_reduce_(0, flat[used], used, "amax")
+        if not torch.equal(end - start + 1, length):
+            raise ValueError("each example's tokens must be contiguous in its row, as PackedBatches lays them out")
         longest = int(length.max()) if E else 0
         if longest > BUCKETS[-1]:
             raise ValueError(f"an example of {longest} tokens exceeds the largest bucket ({BUCKETS[-1]})")

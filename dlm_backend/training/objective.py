@@ -2,8 +2,9 @@
 
 Why packing: examples range from 20 tokens (a greeting) to 450 (three tool schemas), so rows grouped
 by length put one task family in each step; packed rows mix every family in every step and waste
-no compute on padding. A block-diagonal attention mask keeps the examples of a row apart, and
-positions restart at 0 for each example, so each one is computed exactly as if it were alone.
+no compute on padding. Attention keeps the examples of a row apart (per example, in length buckets:
+example_attention.py), and positions restart at 0 for each example, so each one is computed exactly
+as if it were alone.
 
 Why some prompts are masked too: in SFT only the reply is supervised, and replies are 2-15% of the
 tokens (a QA answer is 2-4 tokens after a 100-token context), so run 2 learned from ~500 tokens a
@@ -181,5 +182,5 @@ def diffusion_loss(model, batch: PackedBatch, mask_id: int, gen: torch.Generator
     ce = F.cross_entropy(logits, batch.ids[b, i], reduction="none")
     ce = ce * torch.where(in_reply, 1.0, pad_weight) / torch.where(causal, 1.0, t)[e]
     supervised = torch.where(whole | causal, batch.prompt_len - 1, 0) + batch.reply_len  # [E]
-    per_example = torch.zeros_like(t).index_add_(0, e, ce)
-    return (per_example / supervised.clamp_min(1)).mean()
+    summed = torch.zeros_like(t).index_add_(0, e, ce)                               # [E]
+    return (summed / supervised.clamp_min(1)).mean()

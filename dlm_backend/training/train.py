@@ -7,6 +7,9 @@ a share of the examples is masked over the prompt too (LLaDA pre-training), and 
 autoregressive and anneals to pure diffusion (``ar_until``). Examples are packed into fixed rows.
 The Dream/Qwen2 layout keeps the one-position logit shift, so position i is predicted from output i-1.
 
+Speed (benchmarks/bench_train_step.py): attention runs per example in length buckets
+(example_attention.py), and ``--precision bf16`` runs the products in bfloat16 on CPUs that have it.
+
 Deterministic for a seed; ``train_state.pt`` in the output folder makes a run resumable.
 """
 
@@ -245,7 +248,9 @@ def train(cfg: TrainConfig, stop_at: int | None = None) -> Path:
         step = state["step"]
         gen.set_state(state["gen"])
         if log_path.exists():     # steps logged after the last save will run (and log) again
-            kept = [line for line in log_path.read_text().splitlines() if int(line.split(",")[0]) <= step]
+            # a line cut short by the kill has fewer than 4 fields: dropped with the steps after the save
+            kept = [line for line in log_path.read_text().splitlines()
+                    if len(line.split(",")) == 4 and int(line.split(",")[0]) <= step]
             log_path.write_text("".join(line + "\n" for line in kept))
             if kept:
                 _, _, last_ema, last_time = kept[-1].split(",")
