@@ -7,8 +7,8 @@ a share of the examples is masked over the prompt too (LLaDA pre-training), and 
 autoregressive and anneals to pure diffusion (``ar_until``). Examples are packed into fixed rows.
 The Dream/Qwen2 layout keeps the one-position logit shift, so position i is predicted from output i-1.
 
-Speed (benchmarks/bench_train_step.py): attention runs per example in length buckets
-(example_attention.py), and ``--precision bf16`` runs the products in bfloat16 on CPUs that have it.
+Speed (benchmarks/bench_train_step.py): ``--precision bf16`` runs the products in bfloat16 on CPUs
+that have it, and attention per example in length buckets (example_attention.py); float32 keeps the row mask.
 
 Deterministic for a seed; ``train_state.pt`` in the output folder makes a run resumable.
 """
