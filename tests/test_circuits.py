@@ -92,7 +92,7 @@ def test_the_built_circuit_copies_before_any_training(bidirectional, masked):
     assert _copy_accuracy(_model(circuit=False), bidirectional, masked) < 0.05
 
 
-@pytest.mark.skipif(not bf16_is_native(), reason="this CPU has no native bf16")
+@pytest.mark.skipif(not bf16_is_native(), reason="--precision bf16 needs AVX512-BF16 or AMX, which this CPU lacks (float32 training is tested)")
 @pytest.mark.parametrize("data", [_induction, _text])
 def test_the_circuit_copies_as_well_under_bf16_autocast(data):
     # --precision bf16 runs the frozen circuits' matches in bf16 (rotary included) while inference

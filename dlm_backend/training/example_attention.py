@@ -6,8 +6,10 @@ about a fifth. One attention call per example avoids that but is many small call
 measured slower on 2 cores (1.96 against 1.84 s a step, session 13). Here the examples of a step are
 gathered into a few length buckets (32, 48, 64, ... 512 tokens: each at most 1.5x the previous), one
 ``[n, S, S]`` attention call per bucket, and scattered back: a handful of calls per layer at about a
-third of the block-diagonal scores; short buckets skip torch's flash kernel (MATH_UP_TO). Autoregressive examples (the annealed start of a run) are
-causal inside their bucket.
+third of the block-diagonal scores; short buckets skip torch's flash kernel (MATH_UP_TO).
+Autoregressive examples (the annealed start of a run) are causal inside their bucket. It pays with
+bf16 products (1.62x against 1.44x for the row mask); in float32 it was 9% slower than the row mask,
+so only ``--precision bf16`` runs use it (benchmarks/bench_train_step.py).
 
 Plugged in as the attention context's ``batch`` object, so the model code is unchanged.
 """
