@@ -130,7 +130,9 @@ def test_bad_qa_share_is_refused_before_anything_is_written(tmp_path, field):
     ({"copy_circuit": False}, "pass --pointer-layer 0 with it"),
     ({"max_len": 4096}, "--max-len 4096 is longer than the model's 2048 positions"),
     ({"precision": "fp16"}, "--precision: got 'fp16'; give 'float32' or 'bf16'"),
-])
+    ({"device": "gpu0"}, "--device: cannot read 'gpu0'; give cpu, cuda or cuda:N"),
+    ({"device": "meta"}, "--device meta: training runs on cpu or cuda"),
+] + ([] if torch.cuda.is_available() else [({"device": "cuda"}, "--device cuda: torch sees no CUDA device here")]))
 def test_flags_that_cannot_make_a_run_are_refused_before_anything_is_written(tmp_path, flags, needle):
     with pytest.raises(DLMError, match=re.escape(needle)):
         train(replace(TINY, out_dir=str(tmp_path / "x"), **flags))
@@ -155,6 +157,21 @@ def test_a_bf16_run_follows_the_float32_run(tmp_path):
     assert losses["bf16"] == pytest.approx(losses["float32"], rel=0.02)      # and the loss follows float32's
     weights = load_file(str(runs["bf16"] / "model.safetensors"))
     assert all(w.dtype == torch.float32 for w in weights.values())           # master weights stay float32
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["float32", "bf16"])
+def test_a_cuda_run_follows_the_cpu_run(tmp_path, precision):
+    """Same seed, same batches and masks (drawn on the CPU): the GPU run's losses follow the CPU's
+    (float32 on both for the reference; cuDNN/cuBLAS sum in other orders, bf16 rounds more)."""
+    runs = {d: train(replace(TINY, out_dir=str(tmp_path / d), device=d, steps=6,
+                             precision=precision if d == "cuda" else "float32")) for d in ("cpu", "cuda")}
+    losses = {d: [float(line.split(",")[1]) for line in (m.parent / "loss.csv").read_text().splitlines()]
+              for d, m in runs.items()}
+    assert len(losses["cuda"]) == 6
+    assert losses["cuda"] == pytest.approx(losses["cpu"], rel=0.002 if precision == "float32" else 0.03)
+    weights = load_file(str(runs["cuda"] / "model.safetensors"))
+    assert all(w.device.type == "cpu" and w.dtype == torch.float32 for w in weights.values())
 
 
 def test_too_few_examples_for_one_step_is_an_error_not_a_hang():

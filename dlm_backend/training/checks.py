@@ -11,6 +11,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import torch
+
 from dlm_backend.errors import DLMError
 
 if TYPE_CHECKING:
@@ -18,7 +20,8 @@ if TYPE_CHECKING:
 
 #: Flags a resumed run may change: how long it runs, how often it saves, the precision of its products.
 #: ``precision`` too: weights and optimiser state are float32 either way, so a bf16 run can go on in float32.
-RESUMABLE_CHANGES = {"steps", "save_every", "out_dir", "precision"}
+#: ``device`` too: a run started on the CPU may go on on a GPU (the state is saved on the CPU).
+RESUMABLE_CHANGES = {"steps", "save_every", "out_dir", "precision", "device"}
 #: Settings a stage started with ``--init-from`` inherits: the frozen circuits were built for them.
 #: They are written into the run's config.json under this key.
 TRAINING_KEY = "dlm_training"
@@ -36,9 +39,12 @@ def check_flags(cfg: TrainConfig) -> None:
         raise DLMError(f"--pad-dist: got {cfg.pad_dist!r}; give 'uniform' or 'log'")
     if cfg.precision not in ("float32", "bf16"):
         raise DLMError(f"--precision: got {cfg.precision!r}; give 'float32' or 'bf16'")
-    if cfg.precision == "bf16" and not bf16_is_native():
+    device = check_device(cfg.device)
+    if cfg.precision == "bf16" and device.type == "cpu" and not bf16_is_native():
         raise DLMError("--precision bf16 needs a CPU with native bfloat16 (AVX512-BF16 or AMX); this one would "
                        "emulate it, hundreds of times slower: train with --precision float32")
+    if cfg.precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise DLMError(f"--precision bf16: {cfg.device} has no bfloat16 support; train with --precision float32")
     for flag, value in (("save-every", cfg.save_every), ("max-extra-pad", cfg.max_extra_pad), ("rows", cfg.rows),
                         ("num-examples", cfg.num_examples)):
         if value < 1:
@@ -63,11 +69,25 @@ def check_flags(cfg: TrainConfig) -> None:
                        f"(a run's model/ folder, or dlm_backend/assets/dlm-tiny)")
 
 
+def check_device(name: str) -> torch.device:
+    """``--device``: "cpu" or an available CUDA device."""
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise DLMError(f"--device: cannot read {name!r}; give cpu, cuda or cuda:N") from None
+    if device.type not in ("cpu", "cuda"):
+        raise DLMError(f"--device {name}: training runs on cpu or cuda; give one of them")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise DLMError(f"--device {name}: torch sees no CUDA device here; train with --device cpu")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise DLMError(f"--device {name}: this machine has {torch.cuda.device_count()} CUDA device(s); "
+                       f"give cuda:0..cuda:{torch.cuda.device_count() - 1}")
+    return device
+
+
 def bf16_is_native() -> bool:
     """Whether this CPU multiplies bfloat16 in hardware: AVX512-BF16 or AMX on x86. (oneDNN's own
     ``_is_mkldnn_bf16_supported`` also says yes for AVX512 without BF16, where it emulates bf16.)"""
-    import torch
-
     try:
         return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
     except AttributeError:       # a torch without these probes: do not guess

@@ -36,12 +36,12 @@ class ExampleAttention:
     """
 
     def __init__(self, ex: torch.Tensor, causal: torch.Tensor):
-        flat = ex.reshape(-1)                                                     # [T]
+        flat, dev = ex.reshape(-1), ex.device                                     # [T]
         self.tokens = flat.numel()
         used = (flat >= 0).nonzero(as_tuple=True)[0]                              # [U] flat indices
         E = int(flat.max()) + 1 if used.numel() else 0
         length = torch.bincount(flat[used], minlength=E)                          # [E]
-        start = torch.full((E,), self.tokens, dtype=torch.long).scatter_reduce_(0, flat[used], used, "amin")
+        start = torch.full((E,), self.tokens, dtype=torch.long, device=dev).scatter_reduce_(0, flat[used], used, "amin")
         self.groups: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
         dst = []
         lower = 0
@@ -50,7 +50,7 @@ class ExampleAttention:
             lower = size
             if members.numel() == 0:
                 continue
-            offs = torch.arange(size)                                             # [S]
+            offs = torch.arange(size, device=dev)                                 # [S]
             valid = offs[None, :] < length[members, None]                         # [n, S]
             index = torch.where(valid, start[members, None] + offs, 0)            # [n, S] into [T]
             keep = valid[:, None, :] & (~causal[members, None, None] | (offs[None, :, None] >= offs[None, None, :]))
@@ -58,16 +58,16 @@ class ExampleAttention:
             keep |= ~valid[:, :, None] & (offs == 0)[None, None, :]
             self.groups.append((index, valid, keep[:, None]))                     # mask [n, 1, S, S]
             dst.append(index[valid])
-        end = torch.full((E,), -1, dtype=torch.long).scatter_reduce_(0, flat[used], used, "amax")
+        end = torch.full((E,), -1, dtype=torch.long, device=dev).scatter_reduce_(0, flat[used], used, "amax")
         if not torch.equal(end - start + 1, length):
             raise ValueError("each example's tokens must be contiguous in its row, as PackedBatches lays them out")
         longest = int(length.max()) if E else 0
         if longest > BUCKETS[-1]:
             raise ValueError(f"an example of {longest} tokens exceeds the largest bucket ({BUCKETS[-1]})")
-        order = torch.cat(dst) if dst else torch.empty(0, dtype=torch.long)      # [U] in bucket order
+        order = torch.cat(dst) if dst else torch.empty(0, dtype=torch.long, device=dev)      # [U] in bucket order
         # where each flat token finds its output in [bucket outputs..., one zero row for the tails]
-        self.gather = torch.full((self.tokens,), order.numel(), dtype=torch.long)
-        self.gather[order] = torch.arange(order.numel())
+        self.gather = torch.full((self.tokens,), order.numel(), dtype=torch.long, device=dev)
+        self.gather[order] = torch.arange(order.numel(), device=dev)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
         """q: [T, H, D], k/v: [T, Hkv, D] (rotated) -> [T, H, D]."""

@@ -43,6 +43,10 @@ class PackedBatch:
         """``[B, L, L]``: a token sees exactly the tokens of its own example (the tail sees the tail)."""
         return self.ex[:, :, None] == self.ex[:, None, :]
 
+    def to(self, device: torch.device | str) -> PackedBatch:
+        """The batch on ``device`` (batches are built on the CPU, from Python lists)."""
+        return PackedBatch(*(t.to(device) for t in (self.ids, self.pos, self.ex, self.prompt_len, self.reply_len)))
+
 
 class PackedBatches:
     """Batch ``step`` of a run, a pure function of (seed, step): resuming needs only the step.
@@ -130,13 +134,14 @@ def sample_mask(batch: PackedBatch, gen: torch.Generator, t_min: float,
     SFT example's eligible tokens are its reply and EOS run; a prompt-masked example's are all but
     its first token (Dream predicts position i from output i - 1, so position 0 has no predictor).
     """
-    E = batch.prompt_len.shape[0]
-    t = t_min + (1 - t_min) * torch.rand(E, generator=gen)
-    whole = torch.rand(E, generator=gen) < prompt_mask_prob
+    E, dev = batch.prompt_len.shape[0], batch.ids.device
+    # drawn from the CPU generator whatever the device: a run's masks are the same on CPU and GPU
+    t = t_min + (1 - t_min) * torch.rand(E, generator=gen).to(dev)
+    whole = torch.rand(E, generator=gen).to(dev) < prompt_mask_prob
     ex = batch.ex.clamp_min(0)
     start = torch.where(whole, 1, batch.prompt_len)[ex]                     # [B, L]
     eligible = (batch.ex >= 0) & (batch.pos >= start)
-    masked = eligible & (torch.rand(batch.ids.shape, generator=gen) < t[ex])
+    masked = eligible & (torch.rand(batch.ids.shape, generator=gen).to(dev) < t[ex])
     return masked, t, whole
 
 
@@ -162,7 +167,7 @@ def diffusion_loss(model, batch: PackedBatch, mask_id: int, gen: torch.Generator
     """
     B, L = batch.ids.shape
     masked, t, whole = sample_mask(batch, gen, t_min, prompt_mask_prob)
-    causal = torch.rand(t.shape, generator=gen) < ar_prob                           # [E]
+    causal = torch.rand(t.shape, generator=gen).to(t.device) < ar_prob              # [E]
     in_example = batch.ex >= 0
     causal_tok = causal[batch.ex.clamp_min(0)] & in_example                         # [B, L]
     masked &= ~causal_tok

@@ -112,6 +112,9 @@ class TrainConfig:
     # float32. Only for CPUs with native bf16 (AVX512-BF16, AMX): there 256x768 products ran at 420
     # GFLOP/s against 180 in float32; without it bf16 is emulated and far slower, so it is refused.
     precision: str = "float32"
+    # Where the products run: "cpu", or "cuda" / "cuda:N" when a GPU is lent. Masks come from the same
+    # CPU generator either way, so a run's batches and masks do not depend on the device.
+    device: str = "cpu"
 
 
 def parse_weights(spec: str) -> dict[str, float]:
@@ -194,7 +197,7 @@ def train(cfg: TrainConfig, stop_at: int | None = None) -> Path:
     check_weights(weights, corpus.FAMILIES)
     out = Path(cfg.out_dir)
     state_path, log_path = out / "train_state.pt", out / "loss.csv"
-    state = torch.load(state_path, weights_only=True) if state_path.is_file() else None
+    state = torch.load(state_path, weights_only=True, map_location="cpu") if state_path.is_file() else None
     if state is not None:
         check_resume(saved_flags(state), cfg)
     out.mkdir(parents=True, exist_ok=True)
@@ -235,6 +238,8 @@ def train(cfg: TrainConfig, stop_at: int | None = None) -> Path:
     if cfg.copy_circuit and cfg.pointer_layer and not cfg.init_from:    # sized on a forward pass: after setup
         build_pointer_head(model, cfg.pointer_layer, prev_dims=cfg.copy_prev_dims, copy_gain=cfg.copy_gain,
                            seed=cfg.seed)
+    model.to(cfg.device)           # built on the CPU (the circuits are CPU code), trained where asked
+    model.setup(cfg.device)
     if cfg.copy_circuit:          # a second stage keeps the first stage's circuit as it is
         freeze_copy_circuit(model, prev_dims=cfg.copy_prev_dims)
         if cfg.pointer_layer:
@@ -264,10 +269,10 @@ def train(cfg: TrainConfig, stop_at: int | None = None) -> Path:
     bar = tqdm(total=cfg.steps, initial=step, desc="train dlm-tiny")
     start = time.time() - elapsed
     while step < (stop_at or cfg.steps):
-        batch = batch_at(step)
+        batch = batch_at(step).to(cfg.device)
         for group in opt.param_groups:
             group["lr"] = lr_at(step, cfg)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.precision == "bf16"):
+        with torch.autocast(torch.device(cfg.device).type, dtype=torch.bfloat16, enabled=cfg.precision == "bf16"):
             # length buckets pay in bf16 (1.62x against 1.44x with the row mask); in float32 they were
             # 9% slower than the row mask (benchmarks/bench_train_step.py, findings.md session 14)
             loss = diffusion_loss(model, batch, config["mask_token_id"], gen, cfg.t_min, cfg.prompt_mask_prob,
@@ -290,7 +295,7 @@ def train(cfg: TrainConfig, stop_at: int | None = None) -> Path:
     bar.close()
     if step < cfg.steps:
         return model_dir
-    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(model_dir / "model.safetensors"))
+    save_file({k: v.contiguous().cpu() for k, v in model.state_dict().items()}, str(model_dir / "model.safetensors"))
     plot_loss(log_path, out / "loss.png")
     return model_dir
 

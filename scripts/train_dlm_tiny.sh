@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# dlm-tiny from scratch in one command: three stages of `dlm train`, ~2 hours on 2 bf16 CPU cores.
+#
+#   bash scripts/train_dlm_tiny.sh [OUT_PREFIX]      # default runs/dlm-tiny-t; the model: ${OUT}3/model
+#
+# Why three stages and not one cosine (docs/dlm-tiny/findings.md, sessions 10-15):
+# - stage 1 learns everything on short EOS runs (1..40 after each reply): the QA binding to the
+#   person asked about forms in its last third, as the learning rate falls (session 10);
+# - stages 2 and 3 restart at a lower rate on EOS runs up to 160 and 256 tokens, so any canvas up to
+#   the adapters' 256 reads as "answer, then end-of-text" (session 7);
+# - hard QA contexts (a same-attribute distractor, unanswerable questions) from the first step, and
+#   family weights that give tool calls and JSON the share arithmetic and lists do not need (session 11).
+# Each stage resumes if interrupted (`dlm train` resumes its --out-dir); a finished stage is skipped.
+set -euo pipefail
+OUT=${1:-runs/dlm-tiny-t}
+DLM=${DLM:-.venv/bin/dlm}
+PRECISION=${PRECISION:-bf16}       # float32 on CPUs without native bf16 (about 1.6x slower a step)
+COMMON=(--family-weights tool_call=0.20,json=0.16,arithmetic=0.06,list=0.07 --qa-hard 0.5
+        --precision "$PRECISION")
+
+stage() {  # stage N ARGS...: train ${OUT}N unless its model is already there
+    local n=$1; shift
+    if [[ -f "${OUT}${n}/model/model.safetensors" ]]; then echo "stage $n: done (${OUT}${n}/model)"; return; fi
+    "$DLM" train --out-dir "${OUT}${n}" "${COMMON[@]}" "$@"
+}
+
+stage 1 --steps 4400 --ar-until 0.25 --seed 0 --unanswerable 0.2
+stage 2 --init-from "${OUT}1/model" --steps 700 --lr 4e-4 --min-lr 3e-5 --warmup 30 --ar-until 0 \
+    --max-extra-pad 160 --seed 1 --unanswerable 0.2
+stage 3 --init-from "${OUT}2/model" --steps 600 --lr 2e-4 --min-lr 2e-5 --warmup 30 --ar-until 0 \
+    --max-extra-pad 256 --seed 2 --unanswerable 0.35
+echo "model: ${OUT}3/model"
