@@ -27,8 +27,10 @@ def main() -> None:
     parser.add_argument("--precision", default="bf16")
     parser.add_argument("--steps", type=int, default=150)
     parser.add_argument("--skip", type=int, default=10)
-    parser.add_argument("--num-examples", type=int, default=20000)
+    parser.add_argument("--num-examples", type=int, default=5000)
     args = parser.parse_args()
+    if not 1 <= args.skip < args.steps:
+        parser.error(f"--skip {args.skip} must be 1 or more and under --steps {args.steps}")
     with tempfile.TemporaryDirectory() as folder:
         cfg = replace(TrainConfig(), out_dir=folder, steps=args.steps, num_examples=args.num_examples, ar_until=0.0,
                       precision=args.precision, device=args.device, save_every=10**9)

@@ -159,19 +159,30 @@ def test_a_bf16_run_follows_the_float32_run(tmp_path):
     assert all(w.dtype == torch.float32 for w in weights.values())           # master weights stay float32
 
 
+def _losses(model_dir) -> list[float]:
+    return [float(line.split(",")[1]) for line in (model_dir.parent / "loss.csv").read_text().splitlines()]
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("precision", ["float32", "bf16"])
-def test_a_cuda_run_follows_the_cpu_run(tmp_path, precision):
+def test_a_cuda_run_follows_the_cpu_run(tmp_path):
     """Same seed, same batches and masks (drawn on the CPU): the GPU run's losses follow the CPU's
-    (float32 on both for the reference; cuDNN/cuBLAS sum in other orders, bf16 rounds more)."""
-    runs = {d: train(replace(TINY, out_dir=str(tmp_path / d), device=d, steps=6,
-                             precision=precision if d == "cuda" else "float32")) for d in ("cpu", "cuda")}
-    losses = {d: [float(line.split(",")[1]) for line in (m.parent / "loss.csv").read_text().splitlines()]
-              for d, m in runs.items()}
-    assert len(losses["cuda"]) == 6
-    assert losses["cuda"] == pytest.approx(losses["cpu"], rel=0.002 if precision == "float32" else 0.03)
-    weights = load_file(str(runs["cuda"] / "model.safetensors"))
+    (cuBLAS sums in another order; bf16 rounds more, and must differ, or autocast did not run)."""
+    runs = {(d, p): train(replace(TINY, out_dir=str(tmp_path / f"{d}-{p}"), device=d, precision=p, steps=6))
+            for d, p in (("cpu", "float32"), ("cuda", "float32"), ("cuda", "bf16"))}
+    losses = {key: _losses(m) for key, m in runs.items()}
+    assert losses["cuda", "float32"] == pytest.approx(losses["cpu", "float32"], rel=0.002)
+    assert losses["cuda", "bf16"] == pytest.approx(losses["cpu", "float32"], rel=0.03)
+    assert losses["cuda", "bf16"] != losses["cuda", "float32"]
+    weights = load_file(str(runs["cuda", "bf16"] / "model.safetensors"))
     assert all(w.device.type == "cpu" and w.dtype == torch.float32 for w in weights.values())
+
+
+@pytest.mark.gpu
+def test_a_cpu_run_resumes_on_cuda(tmp_path):
+    whole = train(replace(TINY, out_dir=str(tmp_path / "whole"), steps=6))
+    train(replace(TINY, out_dir=str(tmp_path / "split"), steps=6), stop_at=3)
+    split = train(replace(TINY, out_dir=str(tmp_path / "split"), steps=6, device="cuda"))
+    assert _losses(split) == pytest.approx(_losses(whole), rel=0.002)
 
 
 def test_too_few_examples_for_one_step_is_an_error_not_a_hang():

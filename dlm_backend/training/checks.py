@@ -43,8 +43,10 @@ def check_flags(cfg: TrainConfig) -> None:
     if cfg.precision == "bf16" and device.type == "cpu" and not bf16_is_native():
         raise DLMError("--precision bf16 needs a CPU with native bfloat16 (AVX512-BF16 or AMX); this one would "
                        "emulate it, hundreds of times slower: train with --precision float32")
-    if cfg.precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
-        raise DLMError(f"--precision bf16: {cfg.device} has no bfloat16 support; train with --precision float32")
+    # bf16 tensor cores start with Ampere (8.0); older GPUs emulate it, as a CPU without AVX512-BF16 does
+    if cfg.precision == "bf16" and device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 0):
+        raise DLMError(f"--precision bf16: {cfg.device} has no native bfloat16 (compute capability "
+                       f"{torch.cuda.get_device_capability(device)}, needs 8.0); train with --precision float32")
     for flag, value in (("save-every", cfg.save_every), ("max-extra-pad", cfg.max_extra_pad), ("rows", cfg.rows),
                         ("num-examples", cfg.num_examples)):
         if value < 1:

@@ -295,7 +295,10 @@ def train(cfg: TrainConfig, stop_at: int | None = None) -> Path:
     bar.close()
     if step < cfg.steps:
         return model_dir
-    save_file({k: v.contiguous().cpu() for k, v in model.state_dict().items()}, str(model_dir / "model.safetensors"))
+    # aside and renamed, as the state is: scripts/train_dlm_tiny.sh takes this file as "stage done"
+    weights = model_dir / "model.safetensors"
+    save_file({k: v.contiguous().cpu() for k, v in model.state_dict().items()}, str(weights.with_suffix(".tmp")))
+    os.replace(weights.with_suffix(".tmp"), weights)
     plot_loss(log_path, out / "loss.png")
     return model_dir
 
