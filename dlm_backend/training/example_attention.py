@@ -41,7 +41,8 @@ class ExampleAttention:
         used = (flat >= 0).nonzero(as_tuple=True)[0]                              # [U] flat indices
         E = int(flat.max()) + 1 if used.numel() else 0
         length = torch.bincount(flat[used], minlength=E)                          # [E]
-        start = torch.full((E,), self.tokens, dtype=torch.long, device=dev).scatter_reduce_(0, flat[used], used, "amin")
+        start = torch.full((E,), self.tokens, dtype=torch.long, device=dev)
+        start.scatter_reduce_(0, flat[used], used, "amin")                       # [E] first token
         self.groups: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
         dst = []
         lower = 0
@@ -64,7 +65,7 @@ class ExampleAttention:
         longest = int(length.max()) if E else 0
         if longest > BUCKETS[-1]:
             raise ValueError(f"an example of {longest} tokens exceeds the largest bucket ({BUCKETS[-1]})")
-        order = torch.cat(dst) if dst else torch.empty(0, dtype=torch.long, device=dev)      # [U] in bucket order
+        order = torch.cat(dst) if dst else torch.empty(0, dtype=torch.long, device=dev)  # [U], bucket order
         # where each flat token finds its output in [bucket outputs..., one zero row for the tails]
         self.gather = torch.full((self.tokens,), order.numel(), dtype=torch.long, device=dev)
         self.gather[order] = torch.arange(order.numel(), device=dev)
