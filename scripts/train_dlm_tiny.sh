@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# dlm-tiny from scratch in one command: three stages of `dlm train`, 5700 steps (about 2 hours on 2 bf16
-# CPU cores, 1.1-1.6 s a step from machine to machine; DEVICE=cuda on a GPU).
+# dlm-tiny from scratch in one command: three stages of `dlm train`, 5700 steps (2.3-2.5 hours on 2 bf16
+# CPU cores, measured 137 and 146 min at 1.3-1.7 s a step; DEVICE=cuda on a GPU).
 #
 #   bash scripts/train_dlm_tiny.sh [OUT_PREFIX]      # default runs/dlm-tiny-u; the model: ${OUT}3/model
 #   DEVICE=cuda bash scripts/train_dlm_tiny.sh       # PRECISION=float32 where bf16 is not native

@@ -14,7 +14,7 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 FIXTURES = Path(__file__).parent / "fixtures"
-# The shipped dlm-tiny gets tool calls right (94.5% held-out) but sums and list answers rarely
+# The shipped dlm-tiny gets tool calls right (95.0% held-out) but sums and list answers rarely
 # (docs/dlm-tiny/findings.md); the tests of those answers carry these marks and XPASS once a model
 # gets them right.
 WEAK_AT_LISTS = pytest.mark.xfail(
