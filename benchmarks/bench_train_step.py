@@ -2,7 +2,8 @@
 
 The baseline is the step every committed stage up to s6 ran: float32, attention over whole packed
 rows under a block-diagonal mask. Against it: per-example attention in length buckets
-(training/example_attention.py) and bf16 autocast (``--precision bf16``; native bf16 CPUs only).
+(training/example_attention.py), bf16 autocast (``--precision bf16``; native bf16 CPUs only) and,
+on top of both, each layer's dense parts compiled (``--compile``, training/compiled.py).
 Batches are the real mix: the shipped model's shape, 12 rows of 512 tokens, EOS runs drawn
 log-uniformly up to 256, r1's family weights.
 
@@ -27,6 +28,7 @@ from dlm_backend.engine.tokenizer import Tokenizer as ChatTokenizer
 from dlm_backend.training import corpus
 from dlm_backend.training.checkpoint import build_tokenizer, model_config, write_checkpoint_files
 from dlm_backend.training.checks import bf16_is_native
+from dlm_backend.training.compiled import compile_layers
 from dlm_backend.training.objective import PackedBatches, diffusion_loss
 from dlm_backend.training.train import TrainConfig, encode_examples, init_weights, parse_weights
 
@@ -43,14 +45,16 @@ def batches_and_config(cfg: TrainConfig, num_examples: int, folder: Path):
     return PackedBatches(pairs, 0, cfg.max_len, cfg.rows, 256, config["eos_token_id"], "log"), config
 
 
-def time_steps(config: dict, batches: PackedBatches, precision: str, per_example: bool, steps: int,
-               ar_prob: float) -> list[float]:
+def time_steps(config: dict, batches: PackedBatches, precision: str, per_example: bool, compiled: bool,
+               steps: int, ar_prob: float) -> list[float]:
     model = DreamModel.from_config(config)
     init_weights(model, 0)
     model.setup("cpu")
+    if compiled:
+        compile_layers(model)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     gen, times = torch.Generator().manual_seed(0), []
-    for step in range(steps + 2):               # two warm-up steps
+    for step in range(steps + 2):               # two warm-up steps (the compiled run compiles in them)
         batch = batches(step)
         start = time.perf_counter()
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
@@ -72,15 +76,18 @@ def main() -> None:
     cfg = replace(TrainConfig(), vocab_size=4096)
     with tempfile.TemporaryDirectory() as folder:
         batches, config = batches_and_config(cfg, args.examples, Path(folder))
-    runs = [("float32", False), ("float32", True)] + ([("bf16", False), ("bf16", True)] if bf16_is_native() else [])
-    print(f"| precision | attention | s / step (median of {args.steps}) | speed-up |")
-    print("|---|---|---|---|")
+    runs = [("float32", False, False), ("float32", True, False)]
+    runs += [("bf16", False, False), ("bf16", True, False), ("bf16", True, True)] if bf16_is_native() else []
+    print(f"| precision | attention | compiled | s / step (median of {args.steps}) | speed-up |")
+    print("|---|---|---|---|---|")
     base = None
-    for precision, per_example in runs:
-        median = statistics.median(time_steps(config, batches, precision, per_example, args.steps, args.ar_prob))
+    for precision, per_example, compiled in runs:
+        median = statistics.median(time_steps(config, batches, precision, per_example, compiled, args.steps,
+                                              args.ar_prob))
         base = base or median
         layout = "length buckets" if per_example else "row mask"
-        print(f"| {precision} | {layout} | {median:.3f} | {base / median:.2f}x |", flush=True)
+        print(f"| {precision} | {layout} | {'yes' if compiled else 'no'} | {median:.3f} | {base / median:.2f}x |",
+              flush=True)
     if not bf16_is_native():
         print("(bf16 rows left out: this CPU has no native bf16)")
 

@@ -163,6 +163,20 @@ def _losses(model_dir) -> list[float]:
     return [float(line.split(",")[1]) for line in (model_dir.parent / "loss.csv").read_text().splitlines()]
 
 
+def test_a_compiled_run_follows_the_eager_run_and_may_resume_it(tmp_path):
+    """``--compile`` changes how each layer runs, not what the run trains: losses and weights follow
+    the eager run's, the frozen copy circuit stays frozen, and an eager run may go on compiled."""
+    eager = train(replace(TINY, out_dir=str(tmp_path / "eager"), steps=6))
+    compiled = train(replace(TINY, out_dir=str(tmp_path / "compiled"), steps=6, compile=True))
+    assert _losses(compiled) == pytest.approx(_losses(eager), rel=1e-3)
+    a, b = (load_file(str(m / "model.safetensors")) for m in (eager, compiled))
+    assert a.keys() == b.keys()
+    assert all(torch.allclose(a[k], b[k], atol=1e-4) for k in a), [k for k in a if not torch.allclose(a[k], b[k], atol=1e-4)]
+    train(replace(TINY, out_dir=str(tmp_path / "split"), steps=6), stop_at=3)
+    split = train(replace(TINY, out_dir=str(tmp_path / "split"), steps=6, compile=True))
+    assert _losses(split) == pytest.approx(_losses(eager), rel=1e-3)
+
+
 @pytest.mark.gpu
 def test_a_cuda_run_follows_the_cpu_run(tmp_path):
     """Same seed, same batches and masks (drawn on the CPU): the GPU run's losses follow the CPU's

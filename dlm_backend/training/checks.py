@@ -21,7 +21,8 @@ if TYPE_CHECKING:
 #: Flags a resumed run may change: how long it runs, how often it saves, the precision of its products.
 #: ``precision`` too: weights and optimiser state are float32 either way, so a bf16 run can go on in float32.
 #: ``device`` too: a run started on the CPU may go on on a GPU (the state is saved on the CPU).
-RESUMABLE_CHANGES = {"steps", "save_every", "out_dir", "precision", "device"}
+#: ``compile`` too: it changes how the same functions run, not what the run trains.
+RESUMABLE_CHANGES = {"steps", "save_every", "out_dir", "precision", "device", "compile"}
 #: Settings a stage started with ``--init-from`` inherits: the frozen circuits were built for them.
 #: They are written into the run's config.json under this key.
 TRAINING_KEY = "dlm_training"

@@ -32,6 +32,7 @@ from dlm_backend.engine.models.dream import DreamModel
 from dlm_backend.errors import DLMError
 from dlm_backend.engine.tokenizer import Tokenizer as ChatTokenizer
 from dlm_backend.training import corpus
+from dlm_backend.training.compiled import compile_layers
 from dlm_backend.training.circuits import build_copy_circuit, freeze_copy_circuit, freeze_parts
 from dlm_backend.training.pointer import build_pointer_head, pointer_parts
 from dlm_backend.training.objective import PackedBatches, diffusion_loss
@@ -115,6 +116,9 @@ class TrainConfig:
     # Where the products run: "cpu", or "cuda" / "cuda:N" when a GPU is lent. Masks come from the same
     # CPU generator either way, so a run's batches and masks do not depend on the device.
     device: str = "cpu"
+    # Compile each layer's dense parts with torch.compile (compiled.py): 1.20x a bf16 step on 2 cores,
+    # for about 20 s of compiling at the start. Same objective; roundings differ from an eager run.
+    compile: bool = False
 
 
 def parse_weights(spec: str) -> dict[str, float]:
@@ -244,6 +248,8 @@ def train(cfg: TrainConfig, stop_at: int | None = None) -> Path:
         freeze_copy_circuit(model, prev_dims=cfg.copy_prev_dims)
         if cfg.pointer_layer:
             freeze_parts(model, pointer_parts(model, cfg.pointer_layer, prev_dims=cfg.copy_prev_dims))
+    if cfg.compile:
+        compile_layers(model)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.98), weight_decay=cfg.weight_decay)
     step, gen = 0, torch.Generator().manual_seed(cfg.seed)
     ema, elapsed = None, 0.0          # a resumed run continues the loss curve's EMA and clock

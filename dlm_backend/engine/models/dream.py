@@ -24,13 +24,19 @@ class DreamAttention(nn.Module):
         self.v_proj = nn.Linear(d, kv, bias=True)
         self.o_proj = nn.Linear(d, d, bias=False)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """Rotated q [T, H, hd], k and v [T, Hkv, hd]: every product and elementwise op before the
+        attention itself, in one piece that training can compile (train.compile_layers)."""
         T = x.shape[0]
         q = self.q_proj(x).view(T, -1, self.head_dim)          # [T, H, hd]
         k = self.k_proj(x).view(T, -1, self.head_dim)          # [T, Hkv, hd]
         v = self.v_proj(x).view(T, -1, self.head_dim)
         q, k = rotate_qk(q, k, cos, sin, full_precision=False)
-        return self.o_proj(attention(q, k, v, self.layer).reshape(T, -1))
+        return q, k, v
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.project(x, cos, sin)
+        return self.o_proj(attention(q, k, v, self.layer).reshape(x.shape[0], -1))
 
 
 class DreamMLP(nn.Module):
