@@ -4,10 +4,14 @@ A bf16 training step on 2 cores spent about 40% of its time in elementwise ops b
 products: autocast's casts (``copy_``), RMSNorm's float32 round trip, the rotary multiply-adds and
 SwiGLU, each a separate pass over ``[6144, 256..768]`` tensors. Compiled, each piece runs as a few
 fused loops; attention (per-example length buckets, shapes that change every step) and the loss stay
-eager. benchmarks/bench_train_step.py: 0.83 -> 0.69 s a step (1.20x) on this model.
+eager. ``dlm train`` with the recipe's stage-1 flags: 0.85 -> 0.72 s a step (1.18x);
+benchmarks/bench_train_step.py: 0.751 -> 0.651 s (1.15x), on session 18's cores.
 
-The compiled pieces compute the same functions in a different order of roundings, so a compiled run
-is deterministic for its seed but not bitwise equal to an eager one.
+The compiled pieces compute the same functions with other roundings, so a compiled run is
+deterministic for its seed but not bitwise equal to an eager one, and over thousands of bf16 steps
+the two runs part: the recipe compiled (w-run, docs/dlm-tiny/findings.md session 18) took 87
+minutes and reached 69.4% held-out, against 73.1% for the eager u-run. Off by default until runs'
+spread is measured.
 """
 
 from __future__ import annotations

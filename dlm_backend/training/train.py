@@ -116,8 +116,8 @@ class TrainConfig:
     # Where the products run: "cpu", or "cuda" / "cuda:N" when a GPU is lent. Masks come from the same
     # CPU generator either way, so a run's batches and masks do not depend on the device.
     device: str = "cpu"
-    # Compile each layer's dense parts with torch.compile (compiled.py): 1.20x a bf16 step on 2 cores,
-    # for about 20 s of compiling at the start. Same objective; roundings differ from an eager run.
+    # Compile each layer's dense parts with torch.compile (compiled.py): 1.18x a bf16 step on 2 cores,
+    # for about 10 s of compiling at the start. Same objective; roundings differ from an eager run.
     compile: bool = False
 
 
