@@ -19,8 +19,8 @@
 # - 4400 steps in stage 1, not fewer: at 3700 (session 17) stage 1 ended binding 16 of 43
 #   distractor questions, against 40 at 4400, and the finished model fell from 73.1% to 66.9%.
 # - eager by default: the one compiled run (session 18, w-run) differs from u-run only in its roundings
-#   and reached 69.4% against 73.1% (tool calls 87.5% exact, JSON 79.0%), so which of the two the
-#   recipe's result is, and how far runs spread, is not settled.
+#   and reached 69.4% against 73.1% (tool calls 87.5% exact, JSON 79.0%); its gradients are no
+#   further from float32's than eager ones, so runs likely spread, by how much is not measured.
 # Each stage resumes if interrupted (`dlm train` resumes its --out-dir); a finished stage is skipped.
 set -euo pipefail
 OUT=${1:-runs/dlm-tiny-u}
