@@ -1,11 +1,10 @@
 #!/usr/bin/env bash
-# dlm-tiny from scratch in one command: three stages of `dlm train`, 5700 steps on 2 bf16 CPU cores
-# (137 min at 1.3-1.7 s a step in session 16; DEVICE=cuda on a GPU).
+# dlm-tiny from scratch in one command: three stages of `dlm train`, 6500 steps on 2 bf16 CPU cores,
+# layers compiled (98 min in session 19, y-run; DEVICE=cuda on a GPU).
 #
-#   bash scripts/train_dlm_tiny.sh [OUT_PREFIX]      # default runs/dlm-tiny-u; the model: ${OUT}3/model
+#   bash scripts/train_dlm_tiny.sh [OUT_PREFIX]      # default runs/dlm-tiny-y; the model: ${OUT}3/model
 #   DEVICE=cuda bash scripts/train_dlm_tiny.sh       # PRECISION=float32 where bf16 is not native
-#   COMPILE=1 bash scripts/train_dlm_tiny.sh         # each layer's dense parts compiled (--compile):
-#                                                    # 1.18x a step, 87 min in session 18, but see below
+#   COMPILE=0 bash scripts/train_dlm_tiny.sh         # eager (no --compile): 1.18x slower a step
 #
 # Why three stages and not one cosine (docs/dlm-tiny/findings.md, sessions 10-15):
 # - stage 1 learns everything on short EOS runs (1..40 after each reply): the QA binding to the
@@ -16,19 +15,19 @@
 #   family weights that give tool calls and JSON the share arithmetic and lists do not need (session 11);
 # - a distractor in 70% of QA contexts and QA's share up from 0.23 to 0.26: at 0.5 (session 15) stage 1
 #   ended binding 25 of 43 distractor questions, against 35 for session 10's run (session 16);
-# - 4400 steps in stage 1, not fewer: at 3700 (session 17) stage 1 ended binding 16 of 43
+# - at least 4400 steps in stage 1: at 3700 (session 17) stage 1 ended binding 16 of 43
 #   distractor questions, against 40 at 4400, and the finished model fell from 73.1% to 66.9%.
-# - eager by default: the one compiled run (session 18, w-run) differs from u-run only in its roundings
-#   and reached 69.4% against 73.1% (tool calls 87.5% exact, JSON 79.0%); its gradients are no
-#   further from float32's than eager ones, so runs likely spread, by how much is not measured.
+# - compiled by default, and compile's 1.18x spent on stage 1: 5200 steps, not 4400. At 4400 one eager
+#   run (u-run, 137 min on slow cores) reached 73.1% and one compiled run (w-run) 69.4%; at 5200
+#   compiled (y-run, 98 min) 74.4%, tool calls 93.5% exact, JSON 100% valid (session 19).
 # Each stage resumes if interrupted (`dlm train` resumes its --out-dir); a finished stage is skipped.
 set -euo pipefail
-OUT=${1:-runs/dlm-tiny-u}
+OUT=${1:-runs/dlm-tiny-y}
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 DLM=${DLM:-$([[ -x "$REPO/.venv/bin/dlm" ]] && echo "$REPO/.venv/bin/dlm" || command -v dlm)}
 PRECISION=${PRECISION:-bf16}       # float32 on CPUs without native bf16 (about 1.6x slower a step)
 DEVICE=${DEVICE:-cpu}              # cuda on a GPU: same batches and masks, a run may resume on either
-COMPILE=${COMPILE:-0}
+COMPILE=${COMPILE:-1}
 COMMON=(--family-weights qa=0.26,tool_call=0.20,json=0.16,arithmetic=0.06,list=0.07 --qa-hard 0.7
         --precision "$PRECISION" --device "$DEVICE" "$([[ $COMPILE == 1 ]] && echo --compile || echo --no-compile)")
 
@@ -38,7 +37,7 @@ stage() {  # stage N ARGS...: train ${OUT}N unless its model is already there
     "$DLM" train --out-dir "${OUT}${n}" "${COMMON[@]}" "$@"
 }
 
-stage 1 --steps 4400 --ar-until 0.25 --seed 0 --unanswerable 0.2
+stage 1 --steps 5200 --ar-until 0.25 --seed 0 --unanswerable 0.2
 stage 2 --init-from "${OUT}1/model" --steps 700 --lr 4e-4 --min-lr 3e-5 --warmup 30 --ar-until 0 \
     --max-extra-pad 160 --seed 1 --unanswerable 0.2
 stage 3 --init-from "${OUT}2/model" --steps 600 --lr 2e-4 --min-lr 2e-5 --warmup 30 --ar-until 0 \
