@@ -7,6 +7,7 @@ let the model call a tool freely first, and only a reply without a call is answe
 
 from __future__ import annotations
 
+from contextlib import aclosing
 from typing import AsyncIterator, Iterator
 
 from dlm_backend.chat.messages import ChatDelta, ChatRequest, ChatResult
@@ -69,13 +70,15 @@ async def astream(llm, request: ChatRequest, prep: Prepared | None = None) -> As
             yield event
         return
     splitter = _Splitter(prep)
-    async for chunk in llm.astream(prompt_token_ids=prep.prompt_ids, sampling_params=prep.request.params,
-                                   response_template=prep.template):
-        for event in splitter.feed(chunk.delta_text):
-            yield event
-        if chunk.finished:
-            for event in splitter.close(prep.finish(chunk.output)):
+    stream = llm.astream(prompt_token_ids=prep.prompt_ids, sampling_params=prep.request.params,
+                         response_template=prep.template)
+    async with aclosing(stream) as chunks:        # closed early (client gone): the request is aborted
+        async for chunk in chunks:
+            for event in splitter.feed(chunk.delta_text):
                 yield event
+            if chunk.finished:
+                for event in splitter.close(prep.finish(chunk.output)):
+                    yield event
 
 
 def _generate(llm, prep: Prepared, params) -> GenerationOutput:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
+from contextlib import aclosing
 from typing import AsyncIterator, Iterator
 
 from dlm_backend.engine.engine import EngineConfig, LLMEngine
@@ -204,14 +205,16 @@ class LLM:
                       response_template: list[int | None] | None = None) -> AsyncIterator[StreamChunk]:
         """``stream`` without blocking the event loop."""
         ids = self._prompt_ids(prompt, None if prompt_token_ids is None else [prompt_token_ids])[0]
-        async for chunk in self._astream_ids(ids, sampling_params or self.sampling_params(), response_template):
-            yield chunk
+        async with aclosing(self._astream_ids(ids, sampling_params or self.sampling_params(), response_template)) as s:
+            async for chunk in s:
+                yield chunk
 
     async def astream_chat(self, messages: list[dict], sampling_params: SamplingParams | None = None, *,
                            tools: list[dict] | None = None, **template_kwargs) -> AsyncIterator[StreamChunk]:
         ids = self.encode_chat(messages, tools, **template_kwargs)
-        async for chunk in self._astream_ids(ids, sampling_params or self.sampling_params()):
-            yield chunk
+        async with aclosing(self._astream_ids(ids, sampling_params or self.sampling_params())) as s:
+            async for chunk in s:
+                yield chunk
 
     async def _astream_ids(self, ids: list[int], params: SamplingParams,
                            response_template: list[int | None] | None = None) -> AsyncIterator[StreamChunk]:

@@ -80,9 +80,11 @@ async def test_64_concurrent_clients_complete_and_match_their_solo_runs(server):
         jobs = [(PROMPTS[i % len(PROMPTS)], i % 2 == 1) for i in range(CLIENTS)]
         replies, bad = await asyncio.gather(
             asyncio.gather(*(chat_once(client, p, stream=s, **KNOBS) for p, s in jobs)), faults(client))
-        for _ in range(100):          # dropped streams are aborted at the next engine step
+        # Dropped streams are aborted when their disconnect arrives; one whose client left right after
+        # the role chunk may only now be submitted (and aborted), so wait for the queue too.
+        for _ in range(100):
             metrics = (await client.get("/metrics")).text
-            if "dlm_running_requests 0.0" in metrics:
+            if "dlm_running_requests 0.0" in metrics and "dlm_queue_depth 0.0" in metrics:
                 break
             await asyncio.sleep(0.05)
 

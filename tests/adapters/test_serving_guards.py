@@ -132,6 +132,11 @@ def slow(dream_chat):
     engine.runner.step = original
 
 
+def finished_since(engine, before: dict) -> dict:
+    """Requests finished since ``before`` (a copy of ``engine.stats.finished``), by reason."""
+    return {k: v - before.get(k, 0) for k, v in engine.stats.finished.items() if v != before.get(k, 0)}
+
+
 def wait_for(condition, timeout: float = 10.0) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -173,6 +178,66 @@ def test_disconnect_mid_stream_frees_the_slot(slow):
     # The client is gone: the slot must be freed long before the 64 passes would have finished.
     assert wait_for(lambda: engine.stats.finished["abort"] == aborted + 1, timeout=2.5)
     assert wait_for(lambda: engine.num_running == 0, timeout=1.0)
+
+
+@pytest.mark.parametrize("path", [CHAT, "/v1/completions"])
+def test_stream_dropped_at_its_first_event_never_runs_on(slow, path):
+    """The first event can go out before the engine has the request (the chat role chunk does):
+    a client leaving right then must not leave a request computing for nobody."""
+    url, engine = slow
+    finished = dict(engine.stats.finished)
+    payload = body("drop me", stream=True, **LONG) if path == CHAT else \
+        {"model": "tiny", "prompt": "drop me", "stream": True, "block_length": 8, **LONG}
+    with httpx.stream("POST", url + path, json=payload, timeout=60) as r:
+        assert next(line for line in r.iter_lines() if line.startswith("data:"))
+    # 64 passes x 50 ms is over 3 s: a request left running would still be in flight here.
+    assert wait_for(lambda: engine.num_running == 0 and engine.num_waiting == 0, timeout=1.5)
+    time.sleep(0.3)                            # a late submission would show up by now
+    assert engine.num_running == 0 and engine.num_waiting == 0
+    assert finished_since(engine, finished) in ({}, {"abort": 1})   # never submitted, or aborted: never run on
+
+
+def test_client_leaving_while_an_event_is_being_sent_aborts_at_once(dream_chat):
+    """Drive the ASGI app directly so the disconnect lands while a chunk is being written: Starlette
+    then cancels the send, not the generator, and the request must still be aborted right away."""
+    import asyncio
+
+    app = create_app(config=ServerConfig(model=str(dream_chat), served_name="tiny"))
+    engine = app.state.llm().engine
+    original = engine.runner.step
+    engine.runner.step = lambda seqs: (time.sleep(0.05), original(seqs))[1]
+    finished = dict(engine.stats.finished)
+    payload = json.dumps(body("leave mid-write", stream=True, **LONG)).encode()
+    scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
+             "method": "POST", "path": CHAT, "raw_path": CHAT.encode(), "query_string": b"", "root_path": "",
+             "scheme": "http", "server": ("127.0.0.1", 80), "client": ("127.0.0.1", 1),
+             "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]}
+
+    async def scenario():
+        stuck, sent = asyncio.Event(), []
+        inbox = [{"type": "http.request", "body": payload, "more_body": False}]
+
+        async def receive():
+            if inbox:
+                return inbox.pop()
+            await stuck.wait()                    # the client leaves once a write is stuck
+            return {"type": "http.disconnect"}
+
+        async def send(message):
+            sent.append(message)
+            if message["type"] == "http.response.body" and len(sent) == 3:   # start, role, first delta
+                stuck.set()
+                await asyncio.Event().wait()      # the socket is gone: this write never completes
+
+        await asyncio.wait_for(app(scope, receive, send), timeout=30)
+        return engine.num_running + engine.num_waiting
+
+    try:
+        left = asyncio.run(scenario())
+        assert left == 0, "the request ran on after its client left"
+        assert finished_since(engine, finished) == {"abort": 1}
+    finally:
+        engine.runner.step = original
 
 
 def test_client_timeout_on_a_non_streaming_request_frees_the_slot(slow):
