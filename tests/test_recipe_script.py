@@ -68,7 +68,7 @@ def test_the_recipe_is_three_valid_stages_each_from_the_last(tmp_path):
     assert len({s["seed"] for s in stages}) == 3                     # each stage draws its own corpus
     assert [s["max_extra_pad"] for s in stages] == [40, 160, 256]    # canvases up to the adapters' 256
     assert [(s["precision"], s["device"], s["compile"]) for s in stages] == [("bf16", "cpu", True)] * 3
-    assert sum(s["steps"] for s in stages) == 6500                   # the step count the notes time
+    assert sum(s["steps"] for s in stages) == 7100                   # the step count the notes time
     # one family mix in every stage, hard QA from the first step (binding forms late in stage 1)
     assert len({(s["family_weights"], s["qa_hard"]) for s in stages}) == 1 and stages[0]["qa_hard"] == 0.7
     assert [s["unanswerable"] for s in stages] == [0.2, 0.2, 0.35]
