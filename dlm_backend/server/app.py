@@ -162,7 +162,7 @@ def create_app(model: str | None = None, served_name: str | None = None, device:
         if body.stream:
             include_usage = bool((body.stream_options or {}).get("include_usage"))
             return ClosingStreamingResponse(_chat_sse(llm(), request, prep, rid, created, name, include_usage),
-                                     media_type="text/event-stream")
+                                            media_type="text/event-stream")
         result = await _unless_disconnected(http, chat.acomplete(llm(), request, prep))
         if result is None:
             return Response(status_code=499)
@@ -188,7 +188,7 @@ def create_app(model: str | None = None, served_name: str | None = None, device:
         if body.stream:
             include_usage = bool((body.stream_options or {}).get("include_usage"))
             return ClosingStreamingResponse(_completion_sse(llm(), ids, params, rid, created, name, include_usage),
-                                     media_type="text/event-stream")
+                                            media_type="text/event-stream")
         outs = await _unless_disconnected(http, llm().agenerate(prompt_token_ids=[ids], sampling_params=params))
         if outs is None:
             return Response(status_code=499)
