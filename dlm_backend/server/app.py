@@ -217,9 +217,8 @@ class ClosingStreamingResponse(StreamingResponse):
     """A stream that closes its body generator however it ends.
 
     When the client leaves, Starlette cancels the streaming task but leaves the generator suspended
-    for the garbage collector; the cancellation's traceback keeps it in a reference cycle, so its
-    engine request could run on for nobody until a cyclic collection. Closing it here aborts the
-    request at once (the load test saw a dropped stream run to the end this way).
+    for the garbage collector to finalize, so its engine request could run on for nobody until then
+    (the load test saw a dropped stream run to the end). Closing it here aborts the request at once.
     """
 
     async def stream_response(self, send) -> None:

@@ -6,6 +6,7 @@ exception handlers and the disconnect detection are the production ones.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
@@ -200,8 +201,6 @@ def test_stream_dropped_at_its_first_event_never_runs_on(slow, path):
 def test_client_leaving_while_an_event_is_being_sent_aborts_at_once(dream_chat):
     """Drive the ASGI app directly so the disconnect lands while a chunk is being written: Starlette
     then cancels the send, not the generator, and the request must still be aborted right away."""
-    import asyncio
-
     app = create_app(config=ServerConfig(model=str(dream_chat), served_name="tiny"))
     engine = app.state.llm().engine
     original = engine.runner.step
