@@ -31,7 +31,8 @@ def training_prompts(config_paths: list[str]) -> set[str]:
         cfg = json.loads(Path(path).read_text())
         examples = corpus.generate(cfg["num_examples"], seed=cfg["seed"], split="train",
                                    weights=parse_weights(cfg.get("family_weights", "")),
-                                   unanswerable=cfg.get("unanswerable", 0.15), qa_hard=cfg.get("qa_hard", 0.0))
+                                   unanswerable=cfg.get("unanswerable", 0.15), qa_hard=cfg.get("qa_hard", 0.0),
+                                   rag_templates=cfg.get("rag_templates", 0.0))
         seen |= {prompt_key(e) for e in examples}
     return seen
 

@@ -110,7 +110,27 @@ def test_hard_qa_puts_a_same_attribute_distractor_in_the_context():
     assert [e.target for e in corpus.generate(50, seed=6)] == [e.target for e in corpus.generate(50, seed=6, qa_hard=0)]
 
 
-@pytest.mark.parametrize("field", ["unanswerable", "qa_hard"])
+def test_rag_templates_write_qa_as_the_frameworks_send_it():
+    examples = corpus.generate(200, seed=6, families=["qa"], rag_templates=1.0)
+    seen = set()
+    for e in examples:
+        text = "\n".join(m["content"] for m in e.messages)
+        seen.add(next(name for name, needle in [("llamaindex query", "Query: "), ("llamaindex chat", "assist the user"),
+                                                ("langchain hub", "\nContext: "), ("langchain chain", "question-answering")]
+                      if needle in text))
+        if e.target != corpus.NOT_IN_CONTEXT:
+            assert e.target in text
+        assert e.messages[-1]["role"] == "user"
+    assert len(seen) == 4
+    # retrieved documents carry metadata headers, and some prompts hold several documents
+    assert sum("file: " in json.dumps(e.messages) for e in examples) > 20
+    assert any(json.dumps(e.messages).count("source: ") >= 2 for e in examples)
+    # 0 draws nothing extra: stages trained before the flag keep their exact corpus
+    assert [e.to_json() for e in corpus.generate(80, seed=6)] == \
+        [e.to_json() for e in corpus.generate(80, seed=6, rag_templates=0.0)]
+
+
+@pytest.mark.parametrize("field", ["unanswerable", "qa_hard", "rag_templates"])
 def test_bad_qa_share_is_refused_before_anything_is_written(tmp_path, field):
     with pytest.raises(DLMError, match="share of QA questions"):
         train(replace(TINY, out_dir=str(tmp_path / "x"), **{field: 1.5}))

@@ -33,7 +33,8 @@ SHAPE_FIELDS = {"hidden_size": "hidden_size", "num_layers": "num_hidden_layers",
 
 def check_flags(cfg: TrainConfig) -> None:
     """Flags that cannot make a run."""
-    for flag, share in (("unanswerable", cfg.unanswerable), ("qa-hard", cfg.qa_hard)):
+    for flag, share in (("unanswerable", cfg.unanswerable), ("qa-hard", cfg.qa_hard),
+                        ("rag-templates", cfg.rag_templates)):
         if not 0 <= share <= 1:
             raise DLMError(f"--{flag} is a share of QA questions: got {share}, give 0..1 (e.g. 0.3)")
     if cfg.pad_dist not in ("uniform", "log"):

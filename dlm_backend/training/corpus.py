@@ -12,6 +12,7 @@ import random
 from dataclasses import dataclass, field
 
 from dlm_backend.training.entities import CATEGORIES, COLORS, JOBS, ANIMALS, SPORTS, WORDS, Entities
+from dlm_backend.training.rag_templates import framework_rag
 from dlm_backend.training.tools_catalog import SCHEMAS, make_call
 from dlm_backend.tool_calls import call_text
 
@@ -70,7 +71,8 @@ QA_WRAPPERS = [
 ]
 
 
-def qa(rng: random.Random, ent: Entities, unanswerable: float = 0.15, hard: float = 0.0) -> Example:
+def qa(rng: random.Random, ent: Entities, unanswerable: float = 0.15, hard: float = 0.0,
+       rag: float = 0.0) -> Example:
     """A context of facts about 1-3 people and one question about one of them.
 
     With probability ``hard`` someone else in the context has the asked attribute too, so the
@@ -103,7 +105,10 @@ def qa(rng: random.Random, ent: Entities, unanswerable: float = 0.15, hard: floa
     # a distractor only when the other value differs: with the same value the attribute alone answers
     distractor = any(p != person and a == attr and v != answer for (p, a), v in known.items())
     question = rng.choice(ATTRS[attr][2]).format(n=person)
-    messages = rng.choice(QA_WRAPPERS)(" ".join(facts), question)
+    if rag and rng.random() < rag:   # a framework's RAG prompt (rag_templates.py); 0 draws nothing
+        messages = framework_rag(rng, facts, question)
+    else:
+        messages = rng.choice(QA_WRAPPERS)(" ".join(facts), question)
     return Example("qa", messages, answer, expected={"answer": answer, "distractor": distractor})
 
 
@@ -277,13 +282,14 @@ GENERATORS = {"qa": qa, "tool_call": tool_call, "tool_result": tool_result, "jso
 
 def generate(n: int, seed: int, split: str = "train", families: list[str] | None = None,
              weights: dict[str, float] | None = None, unanswerable: float = 0.15,
-             qa_hard: float = 0.0) -> list[Example]:
+             qa_hard: float = 0.0, rag_templates: float = 0.0) -> list[Example]:
     """``n`` examples; families drawn by weight, or round-robin over ``families`` when given.
 
     ``weights`` overrides some of :data:`FAMILIES` and ``unanswerable`` is the share of QA questions
     whose answer is not in the context, ``qa_hard`` the share with a same-attribute distractor
-    (see :func:`qa`). All three are for training mixes: the held-out set keeps the
-    defaults, so a stage that over-samples a weak skill is still scored on the usual mix.
+    (see :func:`qa`), ``rag_templates`` the share in a RAG framework's own prompt. All four are for
+    training mixes: the held-out set keeps the defaults, so a stage that over-samples a weak skill is
+    still scored on the usual mix.
     """
     rng = random.Random(seed)
     ent = Entities(rng, split)
@@ -292,7 +298,7 @@ def generate(n: int, seed: int, split: str = "train", families: list[str] | None
     for i in range(n):
         family = families[i % len(families)] if families else rng.choices(names, mix)[0]
         if family == "qa":
-            out.append(qa(rng, ent, unanswerable, qa_hard))
+            out.append(qa(rng, ent, unanswerable, qa_hard, rag_templates))
         else:
             out.append(GENERATORS[family](rng, ent))
     return out

@@ -90,6 +90,9 @@ class TrainConfig:
     # (chance) and unique-attribute ones 134/134: it learned the attribute, not the person. A 600-step
     # stage at 0.7 (p5) reached 24/43, so the binding needs it from the first stage.
     qa_hard: float = 0.0
+    # Share of QA prompts written as LlamaIndex and LangChain send them (rag_templates.py): y4 refused
+    # LlamaIndex's query prompt though the answer was in it.
+    rag_templates: float = 0.0
     # Start layers 0-1 with a built induction circuit (circuits.py says why): on the induction task
     # copy loss falls 8.3 -> 1.0 in 100 steps with it and stays at chance for 800 without. It stays
     # frozen; a stage started with --init-from must use the first stage's setting.
@@ -212,7 +215,8 @@ def train(cfg: TrainConfig, stop_at: int | None = None) -> Path:
     keep_freed_memory()
     torch.manual_seed(cfg.seed)
     examples = corpus.generate(cfg.num_examples, seed=cfg.seed, split="train",
-                               weights=weights, unanswerable=cfg.unanswerable, qa_hard=cfg.qa_hard)
+                               weights=weights, unanswerable=cfg.unanswerable, qa_hard=cfg.qa_hard,
+                               rag_templates=cfg.rag_templates)
     model_dir = out / "model"
     if cfg.init_from:     # a second stage keeps the first stage's vocabulary
         tok = Tokenizer.from_file(str(Path(cfg.init_from) / "tokenizer.json"))
