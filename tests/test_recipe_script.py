@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from dlm_backend.training.train import parse_weights
+
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "train_dlm_tiny.sh"
 
 STAND_IN = r"""
@@ -58,31 +60,37 @@ def run_recipe(tmp_path: Path, script: Path = SCRIPT, **env) -> tuple[subprocess
     return done, stages
 
 
-def test_the_recipe_is_three_valid_stages_each_from_the_last(tmp_path):
+def test_the_recipe_is_four_valid_stages_each_from_the_last(tmp_path):
     done, stages = run_recipe(tmp_path)
     assert done.returncode == 0, done.stderr
-    assert [s["out_dir"] for s in stages] == [str(tmp_path / f"run{n}") for n in (1, 2, 3)]
+    assert [s["out_dir"] for s in stages] == [str(tmp_path / f"run{n}") for n in (1, 2, 3, 4)]
     assert stages[0]["init_from"] == ""
-    assert stages[1]["init_from"] == str(tmp_path / "run1" / "model")
-    assert stages[2]["init_from"] == str(tmp_path / "run2" / "model")
-    assert len({s["seed"] for s in stages}) == 3                     # each stage draws its own corpus
-    assert [s["max_extra_pad"] for s in stages] == [40, 160, 256]    # canvases up to the adapters' 256
-    assert [(s["precision"], s["device"], s["compile"]) for s in stages] == [("bf16", "cpu", True)] * 3
-    assert sum(s["steps"] for s in stages) == 7100                   # the step count the notes time
-    # one family mix in every stage, hard QA from the first step (binding forms late in stage 1)
-    assert len({(s["family_weights"], s["qa_hard"]) for s in stages}) == 1 and stages[0]["qa_hard"] == 0.7
-    assert [s["unanswerable"] for s in stages] == [0.2, 0.2, 0.35]
-    assert done.stdout.strip().endswith(f"model: {tmp_path / 'run'}3/model")
+    for n in (1, 2, 3):
+        assert stages[n]["init_from"] == str(tmp_path / f"run{n}" / "model")
+    assert len({s["seed"] for s in stages}) == 4                     # each stage draws its own corpus
+    assert [s["max_extra_pad"] for s in stages] == [40, 160, 256, 256]   # canvases up to the adapters' 256
+    assert [(s["precision"], s["device"], s["compile"]) for s in stages] == [("bf16", "cpu", True)] * 4
+    assert sum(s["steps"] for s in stages) == 7700                   # the step count the notes time
+    # one family mix in stages 1-3, hard QA from the first step (binding forms late in stage 1);
+    # stage 4 gives tool calls 0.35 and copy practice 0.05, and writes some QA as the frameworks do
+    assert len({(s["family_weights"], s["qa_hard"]) for s in stages[:3]}) == 1 and stages[0]["qa_hard"] == 0.7
+    mix4 = parse_weights(stages[3]["family_weights"])
+    assert (mix4["tool_call"], mix4["copy"], stages[3]["qa_hard"]) == (0.35, 0.05, 0.7)
+    assert [s["unanswerable"] for s in stages] == [0.2, 0.2, 0.35, 0.35]
+    assert [s["rag_templates"] for s in stages] == [0.0, 0.0, 0.0, 0.3]
+    assert done.stdout.strip().endswith(f"model: {tmp_path / 'run'}4/model")
 
 
 def test_a_rerun_skips_finished_stages_and_takes_precision_device_and_compile(tmp_path):
     run_recipe(tmp_path)
     (tmp_path / "run3" / "model" / "model.safetensors").unlink()    # stage 3 interrupted: its folder stays
+    (tmp_path / "run4").rename(tmp_path / "gone")                   # and stage 4 never started
     done, stages = run_recipe(tmp_path, PRECISION="float32", DEVICE="cpu:0", COMPILE="0")
     assert done.returncode == 0, done.stderr
     assert "stage 1: done" in done.stdout and "stage 2: done" in done.stdout
-    assert [(s["out_dir"], s["init_from"]) for s in stages] == [(str(tmp_path / "run3"), str(tmp_path / "run2" / "model"))]
-    assert (stages[0]["precision"], stages[0]["device"], stages[0]["compile"]) == ("float32", "cpu:0", False)
+    assert [(s["out_dir"], s["init_from"]) for s in stages] == [(str(tmp_path / "run3"), str(tmp_path / "run2" / "model")),
+                                                                (str(tmp_path / "run4"), str(tmp_path / "run3" / "model"))]
+    assert {(s["precision"], s["device"], s["compile"]) for s in stages} == {("float32", "cpu:0", False)}
 
 
 @pytest.mark.parametrize("broken", ["--steps many", "--qa-hard 2", "--family-weights toolcall=0.2"])
@@ -91,4 +99,4 @@ def test_a_stage_dlm_train_would_refuse_stops_the_recipe(tmp_path, broken):
     script.write_text(SCRIPT.read_text().replace("--seed 1 ", f"--seed 1 {broken} "))
     done, stages = run_recipe(tmp_path, script)
     assert done.returncode != 0
-    assert [s["out_dir"] for s in stages] == [str(tmp_path / "run1")]     # stages 2 and 3 never ran
+    assert [s["out_dir"] for s in stages] == [str(tmp_path / "run1")]     # stages 2-4 never ran
