@@ -20,15 +20,7 @@ from dlm_backend.engine.llm import LLM
 from dlm_backend.engine.params import SamplingParams
 from dlm_backend.training import corpus
 from dlm_backend.training.evaluate import EVAL_SEED, score
-
-TEMPLATES = [("LlamaIndex query engine", "\nQuery: "), ("LlamaIndex chat engine", "assist the user"),
-             ("LangChain rlm/rag-prompt", "\nContext: "), ("LangChain retrieval chain", "question-answering")]
-
-
-def template_of(example: corpus.Example) -> str:
-    text = "\n".join(m["content"] for m in example.messages)
-    return next(name for name, needle in TEMPLATES if needle in text)
-
+from dlm_backend.training.rag_templates import TEMPLATES
 
 def probe(model: str | None, per_family: int) -> tuple[Counter, Counter]:
     llm = LLM(model)
@@ -42,7 +34,7 @@ def probe(model: str | None, per_family: int) -> tuple[Counter, Counter]:
     for example, output in zip(examples, outputs):
         kind = "not in context" if example.target == corpus.NOT_IN_CONTEXT else "answerable"
         hit = score(example, output.text)["exact"]
-        for key in ("all", template_of(example), kind):
+        for key in ("all", example.expected["template"], kind):
             total[key] += 1
             right[key] += hit
     return total, right
@@ -54,11 +46,12 @@ def main() -> None:
     parser.add_argument("--per-family", type=int, default=200)
     args = parser.parse_args()
     results = [probe(model, args.per_family) for model in args.models]
-    keys = ["all", *(name for name, _ in TEMPLATES), "answerable", "not in context"]
+    keys = ["all", *TEMPLATES, "answerable", "not in context"]
     print("| QA prompts | " + " | ".join(str(m or "embedded") for m in args.models) + " |")
     print("|---|" + "---|" * len(args.models))
     for key in keys:
-        cells = [f"{right[key]}/{total[key]} ({100 * right[key] / max(1, total[key]):.1f}%)" for total, right in results]
+        cells = [f"{right[key]}/{total[key]} ({100 * right[key] / max(1, total[key]):.1f}%)"
+                 for total, right in results]
         print(f"| {key} | " + " | ".join(cells) + " |")
 
 

@@ -88,8 +88,8 @@ def test_a_rerun_skips_finished_stages_and_takes_precision_device_and_compile(tm
     done, stages = run_recipe(tmp_path, PRECISION="float32", DEVICE="cpu:0", COMPILE="0")
     assert done.returncode == 0, done.stderr
     assert "stage 1: done" in done.stdout and "stage 2: done" in done.stdout
-    assert [(s["out_dir"], s["init_from"]) for s in stages] == [(str(tmp_path / "run3"), str(tmp_path / "run2" / "model")),
-                                                                (str(tmp_path / "run4"), str(tmp_path / "run3" / "model"))]
+    assert [(s["out_dir"], s["init_from"]) for s in stages] == [
+        (str(tmp_path / "run3"), str(tmp_path / "run2" / "model")), (str(tmp_path / "run4"), str(tmp_path / "run3" / "model"))]
     assert {(s["precision"], s["device"], s["compile"]) for s in stages} == {("float32", "cpu:0", False)}
 
 

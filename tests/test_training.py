@@ -115,9 +115,10 @@ def test_rag_templates_write_qa_as_the_frameworks_send_it():
     seen = set()
     for e in examples:
         text = "\n".join(m["content"] for m in e.messages)
-        seen.add(next(name for name, needle in [("llamaindex query", "Query: "), ("llamaindex chat", "assist the user"),
-                                                ("langchain hub", "\nContext: "), ("langchain chain", "question-answering")]
-                      if needle in text))
+        needle = {"LlamaIndex query engine": "\nQuery: ", "LlamaIndex chat engine": "assist the user",
+                  "LangChain rlm/rag-prompt": "\nContext: ", "LangChain retrieval chain": "question-answering"}
+        assert needle[e.expected["template"]] in text       # the label names the prompt it wrote
+        seen.add(e.expected["template"])
         if e.target != corpus.NOT_IN_CONTEXT:
             assert e.target in text
         assert e.messages[-1]["role"] == "user"

@@ -105,11 +105,12 @@ def qa(rng: random.Random, ent: Entities, unanswerable: float = 0.15, hard: floa
     # a distractor only when the other value differs: with the same value the attribute alone answers
     distractor = any(p != person and a == attr and v != answer for (p, a), v in known.items())
     question = rng.choice(ATTRS[attr][2]).format(n=person)
+    expected = {"answer": answer, "distractor": distractor}
     if rag and rng.random() < rag:   # a framework's RAG prompt (rag_templates.py); 0 draws nothing
-        messages = framework_rag(rng, facts, question)
+        expected["template"], messages = framework_rag(rng, facts, question)
     else:
         messages = rng.choice(QA_WRAPPERS)(" ".join(facts), question)
-    return Example("qa", messages, answer, expected={"answer": answer, "distractor": distractor})
+    return Example("qa", messages, answer, expected=expected)
 
 
 # -- tools --------------------------------------------------------------------------------------

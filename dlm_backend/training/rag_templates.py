@@ -51,20 +51,24 @@ def _langchain_chain(context: str, question: str) -> list[dict]:
     return [{"role": "system", "content": f"{LANGCHAIN_RAG}\n\n{context}"}, {"role": "user", "content": question}]
 
 
-TEMPLATES = [_llamaindex_query, _llamaindex_chat, _langchain_hub, _langchain_chain]
+TEMPLATES = {"LlamaIndex query engine": _llamaindex_query, "LlamaIndex chat engine": _llamaindex_chat,
+             "LangChain rlm/rag-prompt": _langchain_hub, "LangChain retrieval chain": _langchain_chain}
 STEMS = ["staff", "notes", "people", "hr", "clubs", "team", "records", "profiles", "directory", "members"]
 # LlamaIndex writes "key: value" lines for each node's metadata above the text (MetadataMode.LLM);
 # LangChain's stuff chain writes the page content only.
-METADATA = [lambda r: "", lambda r: f"file: {r.choice(STEMS)}.txt\n\n", lambda r: f"file_name: {r.choice(STEMS)}.md\n\n",
+METADATA = [lambda r: "", lambda r: f"file: {r.choice(STEMS)}.txt\n\n",
+            lambda r: f"file_name: {r.choice(STEMS)}.md\n\n",
             lambda r: f"page_label: {r.randint(1, 40)}\nfile_path: docs/{r.choice(STEMS)}.pdf\n\n",
             lambda r: f"source: {r.choice(STEMS)}.txt\n\n"]
 
 
-def framework_rag(rng: random.Random, facts: list[str], question: str) -> list[dict]:
-    """``facts`` split into 1-3 retrieved documents, each with a metadata header, in a framework's prompt."""
-    template = rng.choice(TEMPLATES)
+def framework_rag(rng: random.Random, facts: list[str], question: str) -> tuple[str, list[dict]]:
+    """``facts`` split into 1-3 retrieved documents, each with a metadata header, in a framework's prompt.
+
+    Returns the template's name (a key of :data:`TEMPLATES`) and the messages."""
+    name = rng.choice(list(TEMPLATES))     # in insertion order: the order y6r (shipped) was trained with
     cuts = sorted(rng.sample(range(1, len(facts)), min(len(facts) - 1, rng.randint(0, 2))))
     header = rng.choice(METADATA)
     docs = [" ".join(facts[a:b]) for a, b in zip([0, *cuts], [*cuts, len(facts)])]
     # both frameworks join retrieved documents with a blank line
-    return template("\n\n".join(header(rng) + doc for doc in docs), question)
+    return name, TEMPLATES[name]("\n\n".join(header(rng) + doc for doc in docs), question)
