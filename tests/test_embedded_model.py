@@ -51,7 +51,8 @@ def test_answers_held_out_prompts(family):
 
 def test_says_so_when_the_answer_is_not_in_the_context():
     """RAG's other half: no made-up answer. The 10 held-out questions (of 200) about an attribute
-    nobody in the context has; s6 refuses 9 at its defaults, s5 (shipped before it) refused 5."""
+    nobody in the context has; the session-21 model refuses 9 at its defaults, as s6 did before it
+    (s5, shipped before s6, refused 5)."""
     llm = LLM()
     examples = [e for e in held_out(200) if e.family == "qa" and e.target == NOT_IN_CONTEXT
                 and not e.expected["distractor"]]

@@ -55,7 +55,8 @@ def model_config(cfg: TrainConfig, tok: Tokenizer) -> dict:
 #: against `llada` one token per pass at block 32 (69.0%, 98.5%, 2.134); at block 8 68.8% and
 #: 93.8%, and 0.9 at block 4 68.7% and 93.5%. At the adapters' usual block of 32 (dual) 0.9 falls
 #: to 60.1%: each pass leaves more masked neighbours to commit wrongly together (``"Tarnholroum"``).
-#: On the shipped s6 the default is 73.4% and 97.8% at 0.519 passes per token (``llada`` 72.8%, 99.5%).
+#: On s6 the default was 73.4% and 97.8% at 0.519 passes per token (``llada`` 72.8%, 99.5%); on the
+#: session-21 model it is 76.4% and 99.0% at 0.453 (``llada`` 76.2%, 99.2% at 2.171).
 SAMPLING_DEFAULTS = {"sampler": "threshold", "threshold": 0.95, "block_length": 4, "cache": "prefix"}
 
 
