@@ -82,6 +82,9 @@ def qa(rng: random.Random, ent: Entities, unanswerable: float = 0.15, hard: floa
     ``distractor`` holds only when that other value differs from the answer: jobs, pets, colours
     and sports come from short lists, so two people often share one, and then the attribute alone
     answers (before session 14 such questions were labelled distractors too).
+
+    With probability ``rag`` the prompt is one a RAG framework sends (:mod:`rag_templates`), and
+    ``expected["template"]`` names it.
     """
     people = [ent.name() for _ in range(rng.randint(1, 3))]
     facts, known = [], {}
