@@ -17,7 +17,7 @@ import argparse
 import time
 
 from dlm_backend.adapters.common import sampling_params
-from dlm_backend.engine.llm import LLM
+from dlm_backend.llm import LLM
 from dlm_backend.training.evaluate import held_out
 
 CONFIGS = {

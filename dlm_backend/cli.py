@@ -6,8 +6,11 @@ import argparse
 import json
 import os
 import sys
+from dataclasses import fields
 
+from dlm_backend.engine.config import EngineLimits
 from dlm_backend.errors import DLMError
+from dlm_backend.server.config import ServerConfig
 
 
 def _add_model_args(p: argparse.ArgumentParser, positional: bool = True) -> None:
@@ -19,25 +22,28 @@ def _add_model_args(p: argparse.ArgumentParser, positional: bool = True) -> None
 
 
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--max-tokens", type=int, default=128)
-    # Unset decoding knobs take the checkpoint's defaults (generation_config.json's dlm_sampling).
-    model_default = "default: the checkpoint's generation_config.json dlm_sampling, else "
-    p.add_argument("--sampler", default=None, help=f"see `dlm plugins` ({model_default}threshold)")
-    p.add_argument("--block-length", type=int, default=None, help=f"{model_default}the sampler's own")
-    p.add_argument("--steps", type=int, default=None, help="llada/dream passes (default: one token per pass)")
-    p.add_argument("--threshold", type=float, default=None, help=f"threshold rule ({model_default}0.9)")
-    p.add_argument("--cache", default=None, choices=["none", "prefix", "dual"], help=f"KV cache ({model_default}dual)")
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
+    """One flag per knob of the knob table; unset, a knob takes the checkpoint's default
+    (generation_config.json's dlm_sampling) where it may set one, else the table's."""
+    from dlm_backend.engine.params import DEFAULTS, KNOBS
+
+    g = p.add_argument_group("decoding knobs")
+    for name, knob in KNOBS.items():
+        default = getattr(DEFAULTS, name)
+        shown = f"{knob.doc}; default {'the checkpoint' + chr(39) + 's, else ' if knob.checkpoint else ''}{default!r}"
+        flag = "--" + name.replace("_", "-")
+        if knob.kind is bool:
+            g.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None, help=shown)
+        elif knob.kind is list:
+            g.add_argument(flag, dest=name, action="append", default=None, help=shown + " (repeatable)")
+        else:
+            g.add_argument(flag, dest=name, type=knob.kind, choices=knob.choices, default=None, help=shown)
 
 
 def _params(args, llm):
-    from dlm_backend.engine.params import SamplingParams, layered
+    from dlm_backend.chat import request_params
+    from dlm_backend.engine.params import KNOBS
 
-    names = ("max_tokens", "sampler", "block_length", "steps", "threshold", "cache", "temperature", "seed", "stop")
-    given = {k: getattr(args, k) for k in names if getattr(args, k) is not None}
-    return SamplingParams(**layered(llm.engine.sampling_defaults, given, {"cache": "dual"}))
+    return request_params(llm, {k: getattr(args, k) for k in KNOBS}, where="command line")
 
 
 def _llm(args):
@@ -100,16 +106,16 @@ def cmd_serve(args) -> int:
     import uvicorn
 
     from dlm_backend.server import create_app
-    from dlm_backend.server.app import ServerConfig
 
     api_key = args.api_key or os.environ.get("DLM_API_KEY") or None
     if args.host not in ("127.0.0.1", "localhost", "::1") and not api_key:
         print(f"warning: serving on {args.host} without an API key; anyone who can reach this port can "
               "use the model. Set --api-key or DLM_API_KEY.", file=sys.stderr)
+    limits = EngineLimits(**{f.name: getattr(args, f.name) for f in fields(EngineLimits)})
     config = ServerConfig(model=args.model, served_name=args.served_model_name, device=args.device,
                           dtype=args.dtype, api_key=api_key, max_body_bytes=args.max_body_bytes,
                           max_tokens_limit=args.max_tokens_limit, max_prompt_tokens=args.max_prompt_tokens,
-                          max_waiting=args.max_waiting, max_num_seqs=args.max_num_seqs)
+                          limits=limits)
     app = create_app(config=config)
     if not args.lazy:
         app.state.llm()           # load before accepting connections
@@ -154,15 +160,18 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_args(p)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--served-model-name", default=None)
+    p.add_argument("--served-model-name", nargs="+", default=None,
+                   help="name(s) requests may use for the model (default: its folder name); others get 404")
     p.add_argument("--lazy", action="store_true", help="load the model on the first request")
     p.add_argument("--api-key", default=None, help="require this bearer key on every route but /health "
                    "(default: $DLM_API_KEY; none = open, fine on 127.0.0.1)")
-    p.add_argument("--max-body-bytes", type=int, default=1 << 20, help="larger request bodies get 413")
-    p.add_argument("--max-tokens-limit", type=int, default=4096, help="largest max_tokens a request may ask")
+    defaults = ServerConfig()
+    p.add_argument("--max-body-bytes", type=int, default=defaults.max_body_bytes, help="larger request bodies get 413")
+    p.add_argument("--max-tokens-limit", type=int, default=defaults.max_tokens_limit,
+                   help="largest max_tokens a request may ask")
     p.add_argument("--max-prompt-tokens", type=int, default=None, help="longest prompt (default: the context)")
-    p.add_argument("--max-num-seqs", type=int, default=64, help="requests denoised together per pass")
-    p.add_argument("--max-waiting", type=int, default=256, help="queued requests beyond that; then 429")
+    for f in fields(EngineLimits):          # the engine's limits, with their defaults, stated once there
+        p.add_argument("--" + f.name.replace("_", "-"), type=int, default=f.default, help=f"engine limit (default {f.default})")
     p.set_defaults(func=cmd_serve)
     sub.add_parser("models", help="list supported architectures").set_defaults(func=cmd_models)
     sub.add_parser("plugins", help="list loaded plugins and samplers").set_defaults(func=cmd_plugins)

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 
 class DLMError(Exception):
-    """Base class of every error dlm_backend raises for bad input or configuration."""
+    """Base class of every error dlm_backend raises for bad input or configuration.
+
+    ``param`` names the request field at fault when there is one (OpenAI's error ``param``).
+    """
+
+    def __init__(self, message: str = "", param: str | None = None):
+        super().__init__(message)
+        self.param = param
 
 
 class UnknownArchitectureError(DLMError):
@@ -33,10 +40,6 @@ class ContextLengthError(DLMError):
 
 class SamplingParamsError(DLMError):
     """Sampling parameters that cannot be satisfied (out of range, unknown sampler, bad combination)."""
-
-
-class RequestAbortedError(DLMError):
-    """The request was cancelled before it finished."""
 
 
 class EngineError(DLMError):

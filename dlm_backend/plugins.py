@@ -21,7 +21,6 @@ DEFAULT_PLUGINS = (
     "dlm_backend.engine.models",
     "dlm_backend.engine.samplers",
     "dlm_backend.adapters",
-    "dlm_backend.training.commands",
 )
 
 pm = pluggy.PluginManager("dlm_backend")

@@ -6,7 +6,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")   # skip the remot
 
 import litellm  # noqa: E402
 
-import dlm_backend  # noqa: E402,F401  (registers "dlm/..." model strings)
+import dlm_backend.adapters.litellm  # noqa: E402,F401  (registers "dlm/..." model strings)
 
 TOOLS = [{"type": "function", "function": {
     "name": "get_time", "description": "Get the local time in a city",

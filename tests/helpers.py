@@ -135,3 +135,17 @@ def parity_params(case: dict):
     assert kind == "dream.diffusion_generate", kind
     return SamplingParams(sampler="dream", max_tokens=case["max_new_tokens"], steps=case["steps"],
                           alg=case["alg"], temperature=case["temperature"], cache="none", ignore_eos=True)
+
+
+def forward(model, ids, pos_start: int = 0, cache=None, triton: bool = False):
+    """Hidden states of one sequence window ``ids`` at positions ``pos_start..`` (over ``cache`` if
+    given), as the runner computes them; and the logits of every row."""
+    import torch
+
+    from dlm_backend.engine.layers import ForwardContext, PackedAttention, Segment, forward_context
+
+    pos = torch.arange(pos_start, pos_start + len(ids), device=ids.device)
+    with forward_context(ForwardContext(PackedAttention([Segment(slice(0, len(ids)), pos_start, cache)]), triton)):
+        hidden = model(ids, pos)
+        return hidden, model.compute_logits(hidden)
+

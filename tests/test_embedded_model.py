@@ -6,7 +6,7 @@ import pytest
 
 from dlm_backend import LLM, SamplingParams
 from dlm_backend.chat import ChatRequest, complete
-from dlm_backend.tool_calls import parse_tool_calls
+from dlm_backend.chat.tool_calls import parse_tool_calls
 from dlm_backend.training.corpus import NOT_IN_CONTEXT
 from dlm_backend.engine.loader import EMBEDDED_MODEL
 from dlm_backend.training.evaluate import default_configs, evaluate, held_out, score
@@ -24,7 +24,7 @@ def test_checkpoint_is_small_and_hub_shaped():
 
 def test_default_model_is_the_embedded_one():
     llm = LLM()
-    assert llm.engine.folder == EMBEDDED_MODEL and llm.engine.architecture == "DreamModel"
+    assert llm.engine.checkpoint.folder == EMBEDDED_MODEL and llm.engine.architecture == "DreamModel"
 
 
 def test_answers_held_out_chat_prompts():

@@ -22,20 +22,27 @@ from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResu
 from langchain_core.runnables import Runnable, RunnableLambda, RunnableMap, RunnablePassthrough
 from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_json_schema, convert_to_openai_tool
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from dlm_backend import chat
-from dlm_backend.adapters.common import engine, sampling_params
+from dlm_backend.adapters.common import TAKEN, knob_fields, shared_llm
 from dlm_backend.engine.loader import context_length, default_model
+from dlm_backend.engine.params import DEFAULTS, KNOBS
 from dlm_backend.errors import DLMError
 
+#: Keyword arguments a LangChain call carries besides knobs (bind_tools, with_structured_output).
+CALL_ARGS = ("tools", "tool_choice", "response_format", "parallel_tool_calls", "ls_structured_output_format")
 
-class ChatDLM(BaseChatModel):
-    """A masked-diffusion model (LLaDA, Dream, dlm-tiny) as a LangChain chat model.
+
+class ChatDLM(create_model("_ChatDLMKnobs", __base__=BaseChatModel, **knob_fields(Field))):
+    """A diffusion language model (LLaDA, Dream, dlm-tiny, ...) as a LangChain chat model.
 
     Supports invoke/stream/batch and their async forms, ``bind_tools`` with ``tool_choice``,
-    ``with_structured_output`` (json_schema, function_calling, json_mode) and the diffusion knobs
-    (``steps``, ``block_length``, ``sampler``, ``threshold``, ``kv_cache``) as fields or per call.
+    ``with_structured_output`` (json_schema, function_calling, json_mode) and every diffusion knob
+    of the knob table (``steps``, ``block_length``, ``sampler``, ``threshold``, ``kv_cache``, ...)
+    as a field or per call. Knobs left ``None`` take the checkpoint's defaults (its
+    ``generation_config.json``), else the table's. ``cache`` is LangChain's response cache; the
+    diffusion KV cache mode is ``kv_cache``.
     """
 
     model_config = ConfigDict(populate_by_name=True, protected_namespaces=())
@@ -43,20 +50,8 @@ class ChatDLM(BaseChatModel):
     model: str | None = Field(default=None, alias="model_name")
     """Checkpoint folder or hub id; default ``$DLM_MODEL`` or the embedded dlm-tiny."""
     device: str | None = None
-    temperature: float = 0.0
-    max_tokens: int = 256
     stop: list[str] | None = Field(default=None, alias="stop_sequences")
     streaming: bool = False
-    seed: int | None = None
-    steps: int | None = None
-    block_length: int | None = None
-    sampler: str | None = None
-    threshold: float | None = None
-    kv_cache: str | None = None
-    """Diffusion KV cache mode (none/prefix/dual); ``cache`` itself is LangChain's response cache.
-
-    The diffusion knobs left ``None`` take the checkpoint's defaults (its ``generation_config.json``),
-    else the threshold rule at 0.9, blocks of 32 and the dual cache."""
     timeout: float | None = None
     max_retries: int = 0
     api_key: str | None = None
@@ -71,18 +66,20 @@ class ChatDLM(BaseChatModel):
         return self.model or default_model()
 
     @property
+    def _knobs(self) -> dict[str, Any]:
+        """The knob fields as set on this model (front-door names; None = unset)."""
+        return {name: getattr(self, name) for name in _KNOB_FIELDS if name != "stop"}
+
+    @property
     def _identifying_params(self) -> dict[str, Any]:
-        return {"model": self.model_name, "sampler": self.sampler, "threshold": self.threshold,
-                "block_length": self.block_length, "steps": self.steps, "kv_cache": self.kv_cache,
-                "temperature": self.temperature, "max_tokens": self.max_tokens,
-                # LangChain's response cache keys on these (its own "stop" key is the per-call one)
-                "stop_sequences": self.stop, "seed": self.seed}
+        # LangChain's response cache keys on these (its own "stop" key is the per-call one).
+        return {"model": self.model_name, **self._knobs, "stop_sequences": self.stop}
 
     def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
         params = super()._get_ls_params(stop=stop, **kwargs)
         params["ls_model_name"] = kwargs.get("model") or self.model_name
-        params["ls_max_tokens"] = kwargs.get("max_tokens", self.max_tokens)
-        params["ls_temperature"] = kwargs.get("temperature", self.temperature)
+        params["ls_max_tokens"] = kwargs.get("max_tokens", self.max_tokens or DEFAULTS.max_tokens)
+        params["ls_temperature"] = kwargs.get("temperature", self.temperature or DEFAULTS.temperature)
         if stop or self.stop:
             params["ls_stop"] = stop or self.stop
         return params
@@ -99,7 +96,7 @@ class ChatDLM(BaseChatModel):
         return profile
 
     def get_token_ids(self, text: str) -> list[int]:
-        return engine(self.model, self.device).tokenizer.encode(text)
+        return shared_llm(self.model, self.device).tokenizer.encode(text)
 
     # -- request building ---------------------------------------------------------------------
 
@@ -107,15 +104,15 @@ class ChatDLM(BaseChatModel):
         # The first call loads the weights (seconds for an 8B checkpoint): async callers run this in a
         # worker thread so the event loop keeps serving.
         model = kwargs.pop("model", None) or self.model
-        fields = {k: getattr(self, k) for k in ("temperature", "max_tokens", "stop", "seed", "steps",
-                                                 "block_length", "sampler", "threshold", "kv_cache")}
+        call = {k: kwargs.pop(k) for k in CALL_ARGS if k in kwargs}
         if stop is not None:
             kwargs["stop"] = stop
-        llm = engine(model, self.device)
-        request = chat.ChatRequest(
-            messages=convert_to_openai_messages(messages), params=sampling_params(llm, fields, kwargs),
-            tools=kwargs.get("tools"), tool_choice=kwargs.get("tool_choice"),
-            response_format=kwargs.get("response_format"))
+        llm = shared_llm(model, self.device)
+        params = chat.request_params(llm, {**self._knobs, "stop": self.stop}, kwargs, taken=TAKEN,
+                                     where="ChatDLM call")
+        request = chat.ChatRequest(messages=convert_to_openai_messages(messages), params=params,
+                                   tools=call.get("tools"), tool_choice=call.get("tool_choice"),
+                                   response_format=call.get("response_format"))
         return llm, request, model or self.model_name
 
     @staticmethod
@@ -212,6 +209,9 @@ class ChatDLM(BaseChatModel):
         parsed = RunnablePassthrough.assign(parsed=itemgetter("raw") | parser, parsing_error=lambda _: None)
         fallback = RunnablePassthrough.assign(parsed=lambda _: None)
         return RunnableMap(raw=llm) | parsed.with_fallbacks([fallback], exception_key="parsing_error")
+
+
+_KNOB_FIELDS = [n if n not in TAKEN else KNOBS[n].aliases[0] for n in KNOBS]
 
 
 def _is_pydantic(schema) -> bool:

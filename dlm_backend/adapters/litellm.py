@@ -1,8 +1,9 @@
-"""LiteLLM custom provider: ``litellm.completion(model="dlm/<model>", ...)`` after ``import dlm_backend.adapters.litellm``.
+"""LiteLLM custom provider: ``import dlm_backend.adapters.litellm`` registers ``dlm/<model>`` strings.
 
 Install with ``pip install "dlm_backend[litellm]"``. ``dlm/default`` (or ``dlm/dlm-tiny``) is the
 embedded model; ``dlm/<folder or hub id>`` any other. Diffusion knobs (``steps``, ``block_length``,
-``sampler``, ``threshold``, ``kv_cache``) pass as extra keyword arguments. For the LiteLLM proxy::
+``sampler``, ``threshold``, ``kv_cache``, ...) pass as extra keyword arguments; a misspelled one is
+an error naming the nearest. For the LiteLLM proxy::
 
     litellm_settings:
       custom_provider_map:
@@ -21,7 +22,7 @@ from litellm.llms.custom_llm import CustomLLM
 from litellm.types.utils import Choices, GenericStreamingChunk, Message, ModelResponse, Usage
 
 from dlm_backend import chat
-from dlm_backend.adapters.common import KNOBS, engine, refuse_unsupported, sampling_params
+from dlm_backend.adapters.common import TAKEN, shared_llm
 from dlm_backend.engine.loader import EMBEDDED_MODEL, context_length, default_model
 
 PROVIDER = "dlm"
@@ -34,17 +35,20 @@ def _model_path(model: str) -> str | None:
     return ALIASES.get(name, name)
 
 
+#: What LiteLLM puts in ``optional_params`` besides knobs: the OpenAI chat fields it maps through.
+CALL_ARGS = ("tools", "tool_choice", "response_format", "stream", "stream_options", "user", "parallel_tool_calls",
+             "max_retries", "metadata")
+
+
 def _request(model: str, messages: list, optional_params: dict) -> tuple:
     params = dict(optional_params)
-    extra = params.pop("extra_body", None) or {}
-    params.update(extra)
-    refuse_unsupported(params)
-    if "max_completion_tokens" in params:
-        params.setdefault("max_tokens", params.pop("max_completion_tokens"))
-    llm = engine(_model_path(model))
-    sampling = sampling_params(llm, {}, {k: v for k, v in params.items() if k in KNOBS or k == "gen_length"})
-    request = chat.ChatRequest(messages, sampling, tools=params.get("tools"), tool_choice=params.get("tool_choice"),
-                               response_format=params.get("response_format"))
+    params.update(params.pop("extra_body", None) or {})
+    chat.refuse_unsupported(params)
+    call = {k: params.pop(k) for k in (*CALL_ARGS, *chat.UNSUPPORTED) if k in params}
+    llm = shared_llm(_model_path(model))
+    sampling = chat.request_params(llm, params, taken=TAKEN, where="litellm.completion")
+    request = chat.ChatRequest(messages, sampling, tools=call.get("tools"), tool_choice=call.get("tool_choice"),
+                               response_format=call.get("response_format"))
     return llm, request
 
 

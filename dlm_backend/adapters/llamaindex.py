@@ -16,32 +16,31 @@ from llama_index.core.base.llms.types import (ChatMessage, ChatResponse, ChatRes
                                               CompletionResponse, CompletionResponseAsyncGen,
                                               CompletionResponseGen, LLMMetadata, MessageRole, TextBlock,
                                               ToolCallBlock)
-from llama_index.core.bridge.pydantic import Field, PrivateAttr
+from llama_index.core.bridge.pydantic import Field, PrivateAttr, create_model
 from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
 from llama_index.core.llms.function_calling import FunctionCallingLLM
 from llama_index.core.llms.llm import ToolSelection
 
 from dlm_backend import chat
-from dlm_backend.adapters.common import engine, sampling_params
+from dlm_backend.adapters.common import TAKEN, knob_fields, shared_llm
 from dlm_backend.engine.loader import context_length, default_model
+from dlm_backend.engine.params import DEFAULTS, KNOBS
+
+_KNOB_FIELDS = [n if n not in TAKEN else KNOBS[n].aliases[0] for n in KNOBS]
+#: Keyword arguments LlamaIndex passes besides knobs (chat_with_tools, structured_predict).
+CALL_ARGS = ("tools", "tool_choice", "response_format")
 
 
-class DLM(FunctionCallingLLM):
-    """A masked-diffusion model as a LlamaIndex function-calling LLM."""
+class DLM(create_model("_DLMKnobs", __base__=FunctionCallingLLM, **knob_fields(Field))):
+    """A diffusion language model as a LlamaIndex function-calling LLM.
+
+    Every diffusion knob of the knob table is a field (``sampler``, ``threshold``, ``block_length``,
+    ``steps``, ``kv_cache``, ...); left ``None`` it takes the checkpoint's default, else the table's.
+    """
 
     model: str | None = Field(default=None, description="checkpoint folder or hub id (default: dlm-tiny)")
     device: str | None = Field(default=None)
-    temperature: float = Field(default=0.0)
-    max_tokens: int = Field(default=256)
-    # Diffusion knobs left None take the checkpoint's defaults (generation_config.json), else
-    # threshold 0.9, blocks of 32 and the dual cache.
-    sampler: str | None = Field(default=None, description="denoising rule (default: the checkpoint's, else threshold)")
-    threshold: float | None = Field(default=None)
-    block_length: int | None = Field(default=None)
-    steps: int | None = Field(default=None)
-    kv_cache: str | None = Field(default=None, description="diffusion KV cache: none, prefix or dual")
-    seed: int | None = Field(default=None)
-    additional_kwargs: dict[str, Any] = Field(default_factory=dict, description="more SamplingParams fields")
+    additional_kwargs: dict[str, Any] = Field(default_factory=dict, description="more knobs, by name")
     count_tokens_with_model: bool = Field(
         default=True, description="make LlamaIndex count tokens with this model's tokenizer unless one is set "
                                   "(Settings.tokenizer / set_global_tokenizer)")
@@ -66,25 +65,26 @@ class DLM(FunctionCallingLLM):
 
     @property
     def _llm(self):
-        return engine(self.model, self.device)
+        return shared_llm(self.model, self.device)
 
     @property
     def metadata(self) -> LLMMetadata:
         # The whole window, input and output: LlamaIndex's PromptHelper subtracts num_output itself.
         if self._context_window is None:     # from config.json: metadata never loads the weights
             self._context_window = context_length(self.model or default_model())
-        return LLMMetadata(context_window=self._context_window, num_output=self.max_tokens,
+        return LLMMetadata(context_window=self._context_window, num_output=self.max_tokens or DEFAULTS.max_tokens,
                            is_chat_model=True, is_function_calling_model=True,
                            model_name=self.model or default_model())
 
     # -- request building ---------------------------------------------------------------------
 
     def _request(self, messages: Sequence[ChatMessage], kwargs: dict) -> chat.ChatRequest:
-        fields = {k: getattr(self, k) for k in ("temperature", "max_tokens", "sampler", "threshold",
-                                                 "block_length", "steps", "kv_cache", "seed")}
-        params = sampling_params(self._llm, {**fields, **self.additional_kwargs}, kwargs)
-        return chat.ChatRequest([_to_openai(m) for m in messages], params, tools=kwargs.get("tools"),
-                                tool_choice=kwargs.get("tool_choice"), response_format=kwargs.get("response_format"))
+        call = {k: kwargs.pop(k) for k in CALL_ARGS if k in kwargs}
+        fields = {name: getattr(self, name) for name in _KNOB_FIELDS}
+        params = chat.request_params(self._llm, fields, self.additional_kwargs, kwargs, taken=TAKEN,
+                                     where="DLM call")
+        return chat.ChatRequest([_to_openai(m) for m in messages], params, tools=call.get("tools"),
+                                tool_choice=call.get("tool_choice"), response_format=call.get("response_format"))
 
     @staticmethod
     def _response(result: chat.ChatResult) -> ChatResponse:

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import torch
 
-from dlm_backend.engine.kernels import use_kernels
-from dlm_backend.engine.layers import AttentionContext, attention_context
+from dlm_backend.engine.layers import ForwardContext, forward_context
+from dlm_backend.engine.layers.attention import padded_attention
 
 BUCKETS = (1, 2, 4, 8, 16, 32)
 CACHE_ROUND = 256            # cache lengths are rounded up so nearby lengths share one graph
@@ -35,9 +35,9 @@ class StaticBlockStep:
     """Fixed-shape buffers (and optionally a CUDA graph) for one (bucket, q_len, cache_len)."""
 
     def __init__(self, model, bucket: int, q_len: int, cache_len: int, dtype: torch.dtype,
-                 device: torch.device):
+                 device: torch.device, triton: bool):
         a = model.args
-        self.model, self.bucket, self.q_len = model, bucket, q_len
+        self.model, self.bucket, self.q_len, self.triton = model, bucket, q_len, triton
         rows = bucket * q_len
         self.ids = torch.zeros(rows, dtype=torch.long, device=device)                 # [B*M]
         self.pos = torch.zeros(rows, dtype=torch.long, device=device)                 # [B*M]
@@ -60,16 +60,14 @@ class StaticBlockStep:
         p = self.pos.view(B, M)
         kp[self.slot_rows, :, p] = k.view(B, M, k.shape[1], k.shape[2])               # no host sync
         vp[self.slot_rows, :, p] = v.view(B, M, v.shape[1], v.shape[2])
-        if use_kernels(q):
+        if self.triton:
             from dlm_backend.engine.kernels.attention import attention as flash
 
             return flash(q, kp, vp, self.cu_q, self.k_start, self.k_len, M)
-        from dlm_backend.engine.layers.attention import padded_attention
-
         return padded_attention(q.view(B, M, q.shape[1], q.shape[2]), kp, vp, self.k_len).reshape(q.shape)
 
     def _forward(self) -> torch.Tensor:
-        with attention_context(AttentionContext(batch=self)):
+        with forward_context(ForwardContext(self, self.triton)):
             return self.model(self.ids, self.pos)
 
     def load(self, seqs, caches, shift: int) -> None:
@@ -117,8 +115,8 @@ class StaticBlockStep:
 class BlockGraphs:
     """Chooses, builds and runs :class:`StaticBlockStep`s for batches that fit them."""
 
-    def __init__(self, model, dtype: torch.dtype, device: torch.device, capture: bool):
-        self.model, self.dtype, self.device, self.capture = model, dtype, device, capture
+    def __init__(self, model, dtype: torch.dtype, device: torch.device, capture: bool, triton: bool):
+        self.model, self.dtype, self.device, self.capture, self.triton = model, dtype, device, capture, triton
         self.steps: dict[tuple[int, int, int], StaticBlockStep] = {}
         self.pool = torch.cuda.graph_pool_handle() if capture else None
 
@@ -149,7 +147,8 @@ class BlockGraphs:
         key = (bucket_for(len(seqs)), q_len, cache_len)
         step = self.steps.get(key)
         if step is None:
-            step = self.steps[key] = StaticBlockStep(self.model, key[0], q_len, cache_len, self.dtype, self.device)
+            step = self.steps[key] = StaticBlockStep(self.model, key[0], q_len, cache_len, self.dtype, self.device,
+                                                            self.triton)
             step.load(seqs, caches, shift)
             if self.capture:
                 step.capture(self.pool)

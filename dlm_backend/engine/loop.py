@@ -18,6 +18,7 @@ from typing import Callable, Iterator
 from dlm_backend.engine.engine import LLMEngine
 from dlm_backend.engine.outputs import StreamChunk
 from dlm_backend.engine.params import SamplingParams
+from dlm_backend.errors import DLMError
 
 log = logging.getLogger(__name__)
 Sink = Callable[[StreamChunk], None]
@@ -32,12 +33,15 @@ class EngineLoop:
         self._sinks: dict[str, Sink] = {}
         self._background: set[str] = set()          # requests whose owners cannot drive
         self._thread: threading.Thread | None = None
+        self.closed = False
 
     def submit(self, prompt_token_ids: list[int], params: SamplingParams, sink: Sink,
                request_id: str | None = None, background: bool = False,
                response_template: list[int | None] | None = None) -> str:
         """Queue a request (DLMError raised here, in the caller's thread, for bad input)."""
         with self._state:
+            if self.closed:
+                raise DLMError("This engine was closed (LLM.close()); create a new LLM to load the model again.")
             seq = self.engine.add_request(prompt_token_ids, params, request_id, response_template)
             self._sinks[seq.request_id] = sink
         if background:
@@ -58,6 +62,25 @@ class EngineLoop:
             self._background.discard(request_id)
         if chunk is not None and sink is not None:
             sink(chunk)
+
+    def set_limits(self, **limits) -> None:
+        with self._state:
+            self.engine.set_limits(**limits)
+
+    def close(self) -> None:
+        """End every request (consumers get a final ``abort`` chunk) and free the engine's memory."""
+        with self._drive, self._state:
+            if self.closed:
+                return
+            self.closed = True
+            chunks = self.engine.close()
+            sinks = [(self._sinks.pop(c.request_id, None), c) for c in chunks]
+        with self._wake:
+            self._background.clear()
+            self._wake.notify()
+        for sink, chunk in sinks:
+            if sink is not None:
+                sink(chunk)
 
     def drive(self, q: queue.Queue) -> Iterator[StreamChunk]:
         """Yield the chunks that arrive on ``q`` (one request's sink), stepping the engine when idle."""
@@ -83,7 +106,7 @@ class EngineLoop:
     def step(self) -> None:
         """One engine step; chunks go to their sinks outside the lock (sinks may submit work)."""
         with self._state:
-            if not self.engine.has_unfinished:
+            if self.closed or not self.engine.has_unfinished:
                 return
             chunks = self.engine.step()
             deliveries = [(self._sinks.get(c.request_id), c) for c in chunks]

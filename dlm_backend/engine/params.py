@@ -1,8 +1,16 @@
-"""Per-request sampling parameters."""
+"""Per-request sampling parameters: the one knob table every front door derives from.
+
+Each field of :class:`SamplingParams` is declared once, with its default, type, range, whether a
+checkpoint may set it and its other names (:func:`knob`). The adapters' fields, the server's body,
+the CLI flags and the checkpoint defaults are all read from that table (:data:`KNOBS`), so a knob
+added here appears everywhere and a misspelled one is refused everywhere with the nearest name.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import math
 from dataclasses import dataclass, field
 
 from dlm_backend.errors import SamplingParamsError
@@ -10,130 +18,193 @@ from dlm_backend.errors import SamplingParamsError
 CACHE_MODES = ("none", "prefix", "dual")
 REMASKING = ("low_confidence", "random")
 DREAM_ALGS = ("origin", "maskgit_plus", "topk_margin", "entropy")
+#: Temperatures (and ``alg_temp``) below this are greedy: dividing logits by 5e-324 overflows to NaN.
+GREEDY_BELOW = 1e-5
+MAX_STOP = 16                   # stop strings per request, each at most MAX_STOP_CHARS characters
+MAX_STOP_CHARS = 256
+MAX_LENGTH = 1 << 20            # max_tokens / block_length cap before the context check (allocation bound)
 #: The key of ``generation_config.json`` under which a checkpoint names its own decoding defaults.
 CHECKPOINT_DEFAULTS_KEY = "dlm_sampling"
-#: What a checkpoint may set there: how it is decoded, not what the caller asks for (length, stops,
-#: temperature and seed stay the caller's; so does ``steps``, which only means something per length).
-CHECKPOINT_KNOBS = ("sampler", "block_length", "cache", "threshold", "factor", "gamma", "remasking",
-                    "alg", "alg_temp", "eps")
+
+
+@dataclass(frozen=True)
+class Knob:
+    """What the table says about one field: its type, allowed values, and who may set it."""
+
+    doc: str
+    kind: type
+    low: float | None = None          # inclusive, unless low_open
+    high: float | None = None         # inclusive, unless high_open
+    low_open: bool = False
+    high_open: bool = False
+    choices: tuple | None = None
+    nullable: bool = False            # None allowed (it means what ``doc`` says)
+    checkpoint: bool = False          # a checkpoint's ``dlm_sampling`` may set it
+    aliases: tuple[str, ...] = ()     # other names the front doors accept (where the framework has not taken them)
+
+    def check(self, name: str, value):
+        """``value`` if it is allowed for field ``name``, else a SamplingParamsError naming the rule."""
+        if value is None and self.nullable:
+            return value
+        kinds = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+        ok = isinstance(value, bool) if self.kind is bool else (
+            isinstance(value, (int, float) if self.kind is float else self.kind) and not isinstance(value, bool))
+        if self.kind is list:
+            ok = isinstance(value, list) and len(value) <= MAX_STOP and all(
+                isinstance(s, str) and 0 < len(s) <= MAX_STOP_CHARS for s in value)
+        if not ok:
+            want = kinds.get(self.kind, f"a string or a list of at most {MAX_STOP} non-empty strings of up to "
+                                        f"{MAX_STOP_CHARS} characters")
+            raise SamplingParamsError(f"Invalid SamplingParams: {name} must be {want}"
+                                      f"{' (or null)' if self.nullable else ''}, got {value!r:.80}.", param=name)
+        if self.kind is float and not math.isfinite(value):
+            raise SamplingParamsError(f"Invalid SamplingParams: {name} must be a finite number, got {value!r}.",
+                                      param=name)
+        if self.choices is not None and value not in self.choices:
+            raise SamplingParamsError(f"Invalid SamplingParams: {name} must be one of {', '.join(self.choices)}, "
+                                      f"got {value!r:.80}.", param=name)
+        too_low = self.low is not None and (value <= self.low if self.low_open else value < self.low)
+        too_high = self.high is not None and (value >= self.high if self.high_open else value > self.high)
+        if too_low or too_high:
+            raise SamplingParamsError(f"Invalid SamplingParams: {name} must be in {self.range}, got {value!r}.",
+                                      param=name)
+        return value
+
+    @property
+    def range(self) -> str:
+        return f"{'(' if self.low_open else '['}{_num(self.low)}, {_num(self.high)}{')' if self.high_open else ']'}"
+
+
+def _num(x) -> str:
+    if x is None:
+        return "inf"
+    if isinstance(x, int) and abs(x) >= 2**32 and (abs(x) & (abs(x) - 1)) == 0:
+        return f"{'-' if x < 0 else ''}2**{abs(x).bit_length() - 1}"
+    return f"{x:g}" if isinstance(x, float) else str(x)
+
+
+def knob(default, doc: str, kind: type, **rules) -> dataclasses.Field:
+    """A SamplingParams field with its entry in the knob table."""
+    meta = {"knob": Knob(doc, kind, **rules)}
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata=meta)
+    return field(default=default, metadata=meta)
 
 
 @dataclass
 class SamplingParams:
     """How one request is decoded.
 
-    The canvas holds ``max_tokens`` masked slots, filled block by block (``block_length`` slots each,
-    the last block may be shorter). ``sampler`` picks the rule that decides which masked slots are
-    committed at each denoising pass; ``cache`` picks how much of the canvas is recomputed per pass.
-
-    Fields not used by the chosen sampler are ignored (``steps`` by the adaptive samplers,
-    ``alg`` by everything but ``dream``). ``None`` means "the sampler's default".
+    The canvas holds ``max_tokens`` slots, filled block by block (``block_length`` slots each, the
+    last block may be shorter). ``sampler`` picks the rule that decides which slots are committed at
+    each denoising pass; ``cache`` picks how much of the canvas is recomputed per pass. Fields the
+    chosen sampler does not use are ignored. ``None`` means "the sampler's default".
     """
 
-    max_tokens: int = 128
-    sampler: str = "threshold"
-    block_length: int | None = None
-    steps: int | None = None
-    temperature: float = 0.0
-    top_p: float | None = None
-    top_k: int | None = None
-    seed: int | None = None
-    stop: list[str] | str | None = None
-    ignore_eos: bool = False
-    cache: str = "none"
-    # threshold / factor / entropy-bounded rules
-    threshold: float = 0.9
-    factor: float = 1.0
-    gamma: float = 0.1
-    # LLaDA reference options
-    remasking: str = "low_confidence"
-    cfg_scale: float = 0.0
-    logits_eos_inf: bool = False
-    confidence_eos_eot_inf: bool = False
-    # Dream reference options
-    alg: str = "maskgit_plus"
-    alg_temp: float | None = None
-    eps: float = 1e-3
-    extra: dict = field(default_factory=dict)
+    max_tokens: int = knob(256, "tokens to generate (the canvas size)", int, low=1, high=MAX_LENGTH,
+                           aliases=("max_completion_tokens", "max_new_tokens", "gen_length"))
+    sampler: str = knob("threshold", "denoising rule (`dlm plugins` lists them)", str, checkpoint=True)
+    block_length: int | None = knob(None, "slots denoised per block (None: the sampler's default)", int,
+                                    low=1, high=MAX_LENGTH, nullable=True, checkpoint=True)
+    steps: int | None = knob(None, "passes for llada/dream, at most max_tokens (None: one token per pass)", int,
+                             low=1, high=MAX_LENGTH, nullable=True)
+    temperature: float = knob(0.0, f"0 is greedy (as is anything below {GREEDY_BELOW:g})", float, low=0, high=2)
+    top_p: float | None = knob(None, "nucleus sampling mass", float, low=0, high=1, low_open=True, nullable=True)
+    top_k: int | None = knob(None, "sample among the k most likely tokens", int, low=1, high=MAX_LENGTH,
+                             nullable=True)
+    seed: int | None = knob(None, "fixes sampled output", int, low=-2**63, high=2**64, high_open=True,
+                            nullable=True)
+    stop: list[str] = knob([], "strings that end the output (not included)", list)
+    ignore_eos: bool = knob(False, "keep going past end-of-sequence tokens", bool)
+    cache: str = knob("dual", "KV cache: none (reference-exact), prefix or dual", str, choices=CACHE_MODES,
+                      checkpoint=True, aliases=("kv_cache",))
+    threshold: float = knob(0.9, "threshold rule: commit slots at least this confident", float, low=0, high=1,
+                            low_open=True, checkpoint=True)
+    factor: float = knob(1.0, "factor rule: larger commits more per pass", float, low=0, high=1000, low_open=True,
+                         checkpoint=True)
+    gamma: float = knob(0.1, "entropy_bounded rule: entropy budget per pass", float, low=0, high=1000,
+                        checkpoint=True)
+    remasking: str = knob("low_confidence", "llada: which slots a pass commits", str, choices=REMASKING,
+                          checkpoint=True)
+    cfg_scale: float = knob(0.0, "llada classifier-free guidance (needs cache='none')", float, low=0, high=100)
+    logits_eos_inf: bool = knob(False, "llada: never predict EOS", bool)
+    confidence_eos_eot_inf: bool = knob(False, "llada: EOS/end-of-turn never win on confidence", bool)
+    alg: str = knob("maskgit_plus", "dream: confidence measure", str, choices=DREAM_ALGS, checkpoint=True)
+    alg_temp: float | None = knob(None, f"dream: sample slots by confidence (below {GREEDY_BELOW:g}: off)", float,
+                                  low=0, high=100, nullable=True, checkpoint=True)
+    eps: float = knob(1e-3, "dream: last timestep of the schedule", float, low=0, high=1, low_open=True,
+                      high_open=True, checkpoint=True)
 
     def __post_init__(self):
-        if isinstance(self.stop, str):
-            self.stop = [self.stop]
-        if self.stop is not None and not isinstance(self.stop, (list, tuple)):
-            raise SamplingParamsError("Invalid SamplingParams: stop must be a string or a list of strings.")
-        self.stop = list(self.stop or [])
-        for name in ("temperature", "threshold", "factor", "gamma", "cfg_scale", "eps", "top_p", "alg_temp"):
-            value = getattr(self, name)      # a JSON body may send "0.9": a 400 naming it, not a TypeError
-            if not (_is_number(value) or (value is None and name in ("top_p", "alg_temp"))):
-                raise SamplingParamsError(f"Invalid SamplingParams: {name} must be a number, got {value!r}.")
-        for name in ("ignore_eos", "logits_eos_inf", "confidence_eos_eot_inf"):
-            if not isinstance(getattr(self, name), bool):     # "false" is truthy
-                raise SamplingParamsError(f"Invalid SamplingParams: {name} must be true or false, "
-                                          f"got {getattr(self, name)!r}.")
-        checks = [
-            (_is_int(self.max_tokens) and self.max_tokens >= 1, "max_tokens must be an integer >= 1"),
-            (self.block_length is None or (_is_int(self.block_length) and self.block_length >= 1),
-             "block_length must be an integer >= 1 (or None for the sampler's default)"),
-            (self.steps is None or (_is_int(self.steps) and self.steps >= 1),
-             "steps must be an integer >= 1 (or None for one token per step)"),
-            (self.temperature >= 0, "temperature must be >= 0 (0 is greedy)"),
-            (self.top_p is None or 0 < self.top_p <= 1, "top_p must be in (0, 1]"),
-            (self.top_k is None or (_is_int(self.top_k) and self.top_k >= 1), "top_k must be an integer >= 1"),
-            # torch.Generator.manual_seed takes [-2**63, 2**64); past that it fails inside the engine.
-            (self.seed is None or (_is_int(self.seed) and -2**63 <= self.seed < 2**64),
-             "seed must be an integer in [-2**63, 2**64)"),
-            (all(isinstance(s, str) and s for s in self.stop), "stop must be non-empty strings"),
-            (self.cache in CACHE_MODES, f"cache must be one of {', '.join(CACHE_MODES)}"),
-            (0 < self.threshold <= 1, "threshold must be in (0, 1]"),
-            (self.factor > 0, "factor must be > 0"),
-            (self.gamma >= 0, "gamma must be >= 0"),
-            (self.remasking in REMASKING, f"remasking must be one of {', '.join(REMASKING)}"),
-            (self.cfg_scale >= 0, "cfg_scale must be >= 0"),
-            (self.alg in DREAM_ALGS, f"alg must be one of {', '.join(DREAM_ALGS)}"),
-            (self.alg_temp is None or self.alg_temp >= 0, "alg_temp must be >= 0"),
-            (0 < self.eps < 1, "eps must be in (0, 1)"),
-            (isinstance(self.sampler, str) and self.sampler, "sampler must be a registered sampler name"),
-        ]
-        for ok, message in checks:
-            if not ok:
-                raise SamplingParamsError(f"Invalid SamplingParams: {message}.")
+        if isinstance(self.stop, (str, tuple)):
+            self.stop = [self.stop] if isinstance(self.stop, str) else list(self.stop)
+        if self.stop is None:
+            self.stop = []
+        for name, spec in KNOBS.items():
+            spec.check(name, getattr(self, name))
+        if self.temperature < GREEDY_BELOW:
+            self.temperature = 0.0
+        if self.alg_temp is not None and self.alg_temp < GREEDY_BELOW:
+            self.alg_temp = None
+        if self.steps is not None and self.steps > self.max_tokens:
+            raise SamplingParamsError(f"Invalid SamplingParams: steps ({self.steps}) must be at most max_tokens "
+                                      f"({self.max_tokens}): every pass commits at least one token.",
+                                      param="steps")
         if self.cfg_scale > 0 and self.cache != "none":
             raise SamplingParamsError(
                 "Invalid SamplingParams: cfg_scale > 0 needs cache='none' (the unconditional pass "
-                "recomputes the whole canvas). Set cache='none' or cfg_scale=0.")
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0
+                "recomputes the whole canvas). Set cache='none' or cfg_scale=0.", param="cfg_scale")
 
     def replace(self, **changes) -> "SamplingParams":
         """A copy with some fields changed (validated again)."""
         return dataclasses.replace(self, **changes)
 
 
-def _is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+#: The knob table: field name -> :class:`Knob`, in declaration order.
+KNOBS: dict[str, Knob] = {f.name: f.metadata["knob"] for f in dataclasses.fields(SamplingParams)}
+#: Every name a front door may use for a knob -> the field it sets.
+KNOB_NAMES: dict[str, str] = {**{a: n for n, k in KNOBS.items() for a in k.aliases}, **{n: n for n in KNOBS}}
+DEFAULTS = SamplingParams()
 
 
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+def knob_values(given: dict, taken: tuple[str, ...] = (), where: str = "request") -> dict:
+    """SamplingParams fields from a front door's knob arguments (aliases resolved, ``None`` = unset).
+
+    ``taken`` are names the framework itself owns (LangChain's and LiteLLM's ``cache``); there only
+    the alias works. An unknown name is a SamplingParamsError naming the nearest knob.
+    """
+    values: dict = {}
+    for name, value in given.items():
+        target = KNOB_NAMES.get(name) if name not in taken else None
+        if target is None:
+            raise unknown_field(name, [n for n in KNOB_NAMES if n not in taken], where)
+        if value is not None:
+            values[target] = value
+    return values
+
+
+def unknown_field(name: str, valid, where: str) -> SamplingParamsError:
+    """The error for a field nobody declared, naming the closest valid one."""
+    near = difflib.get_close_matches(str(name), list(valid), n=1, cutoff=0.6)
+    hint = f" Did you mean {near[0]!r}?" if near else f" Valid knobs: {', '.join(sorted(valid))}."
+    return SamplingParamsError(f"Unknown {where} field {name!r}.{hint}", param=str(name))
 
 
 def checkpoint_defaults(generation_config: dict, source: str = "generation_config.json") -> dict:
     """The decoding defaults a checkpoint names under ``"dlm_sampling"`` in its generation config.
 
-    A model knows the block length and cache mode it decodes best with (the threshold rule scores
-    dlm-tiny's held-out set 69.6% exact at block 4 and 60-65% at 32), so every front end starts
+    A model knows the block length and cache mode it decodes best with, so every front end starts
     from these and the caller's own values win. Raises a :class:`SamplingParamsError` naming
     ``source`` when a key is not a decoding knob or a value is out of range.
     """
     given = generation_config.get(CHECKPOINT_DEFAULTS_KEY) or {}
     if not isinstance(given, dict):
         raise SamplingParamsError(f"{source}: {CHECKPOINT_DEFAULTS_KEY!r} must be an object of decoding knobs.")
-    unknown = sorted(set(given) - set(CHECKPOINT_KNOBS))
+    allowed = [n for n, k in KNOBS.items() if k.checkpoint]
+    unknown = sorted(set(given) - set(allowed))
     if unknown:
         raise SamplingParamsError(f"{source}: {CHECKPOINT_DEFAULTS_KEY!r} has {', '.join(unknown)}, which a "
-                                  f"checkpoint cannot set. Allowed: {', '.join(CHECKPOINT_KNOBS)}.")
+                                  f"checkpoint cannot set. Allowed: {', '.join(allowed)}.")
     try:
         SamplingParams(**given)
     except SamplingParamsError as exc:
@@ -141,8 +212,9 @@ def checkpoint_defaults(generation_config: dict, source: str = "generation_confi
     return dict(given)
 
 
-def layered(checkpoint: dict, given: dict, base: dict | None = None) -> dict:
-    """SamplingParams fields from ``base``, then the checkpoint's defaults, then what the caller gave.
+def layered(checkpoint: dict, given: dict) -> dict:
+    """SamplingParams fields: the checkpoint's defaults, then what the caller gave (the table's
+    defaults fill the rest).
 
     The checkpoint's defaults describe one decoding set-up (its sampler's block, cache and
     threshold), so they are dropped when the caller picks another sampler. Defaults that name no
@@ -151,8 +223,7 @@ def layered(checkpoint: dict, given: dict, base: dict | None = None) -> dict:
     """
     sampler = given.get("sampler")
     own = checkpoint if sampler is None or sampler == checkpoint.get("sampler", sampler) else {}
-    values = {**(base or {}), **own, **given}
+    values = {**own, **given}
     if (values.get("cfg_scale") or 0) > 0 and "cache" not in given:
         values["cache"] = "none"
     return values
-

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from dlm_backend.engine.cache import KVCache
 from dlm_backend.engine.graphs import BlockGraphs
-from dlm_backend.engine.kernels import use_triton
-from dlm_backend.engine.layers import AttentionContext, Segment, attention_context
+from dlm_backend.engine.layers import ForwardContext, PackedAttention, Segment, forward_context
 from dlm_backend.engine.models.base import DiffusionLM
 from dlm_backend.engine.samplers.base import StepInput, TokenInfo
 from dlm_backend.engine.sequence import Sequence
@@ -26,25 +23,23 @@ class ModelRunner:
     (token, confidence) from the fused unmasking kernel instead of [N, V] logits.
     """
 
-    def __init__(self, model: DiffusionLM, device: torch.device, dtype: torch.dtype, tokens: TokenInfo):
+    def __init__(self, model: DiffusionLM, device: torch.device, dtype: torch.dtype, tokens: TokenInfo,
+                 triton: bool = False, cuda_graphs: bool = False):
         self.model = model
         self.device = device
         self.dtype = dtype
         self.tokens = tokens
+        self.triton = triton            # kernel dispatch, decided once (kernels.resolve_kernels)
         self.caches: dict[int, KVCache] = {}
         self.generators: dict[int, torch.Generator] = {}
-        # Fixed-shape dual-cache block steps as CUDA graphs (CUDA only; DLM_CUDA_GRAPHS=0 turns off).
+        # Fixed-shape dual-cache block steps as CUDA graphs (CUDA only).
         self.graphs: BlockGraphs | None = None
-        if device.type == "cuda" and os.environ.get("DLM_CUDA_GRAPHS", "1") != "0":
-            self.graphs = BlockGraphs(model, dtype, device, capture=True)
+        if device.type == "cuda" and cuda_graphs:
+            self.graphs = BlockGraphs(model, dtype, device, capture=True, triton=triton)
 
     @property
     def logits_shift(self) -> int:
         return self.model.logits_shift
-
-    @property
-    def cache_bytes(self) -> int:
-        return sum(c.nbytes for c in self.caches.values())
 
     def _cache_for(self, seq: Sequence) -> KVCache:
         cache = self.caches.get(seq.seq_id)
@@ -66,6 +61,15 @@ class ModelRunner:
     def free(self, seq: Sequence) -> None:
         self.caches.pop(seq.seq_id, None)
         self.generators.pop(seq.seq_id, None)
+
+    def close(self) -> None:
+        """Drop the weights, caches and captured graphs (the device memory returns to torch's allocator)."""
+        self.caches.clear()
+        self.generators.clear()
+        self.graphs = None
+        self.model = None
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
 
     def _wants_stats(self, seq: Sequence) -> bool:
         """Kernel path, greedy, plain logits: the sampler can decide from fused (token, confidence)."""
@@ -98,7 +102,7 @@ class ModelRunner:
             plans.append((candidates, rows, cfg))
         input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
         pos = torch.tensor(positions, dtype=torch.long, device=self.device)
-        with attention_context(AttentionContext(segments)):
+        with forward_context(ForwardContext(PackedAttention(segments), self.triton)):
             return self.model(input_ids, pos), plans                       # [T, D]
 
     def _forward_static(self, seqs: list[Sequence], shift: int, q_len: int):
@@ -144,16 +148,17 @@ class ModelRunner:
             parts.append((packed, *self._forward_packed(packed, shift)))
         hidden, plans = self._gather_rows(seqs, parts)
         # Rows of sequences whose sampler decides from fused statistics skip the [N, V] logits.
-        fused = [use_triton(self.device) and self._wants_stats(seq) for seq in seqs]
+        fused = [self.triton and self._wants_stats(seq) for seq in seqs]
         logits = stats = None
         logit_rows = [r for f, (_, rows, _) in zip(fused, plans) if not f for r in rows]
         stat_rows = [r for f, (_, rows, _) in zip(fused, plans) if f for r in rows]
-        if logit_rows:
-            in_order = logit_rows == list(range(hidden.shape[0]))    # the usual case: skip a copy
-            h = hidden if in_order else hidden[self._index(logit_rows)]
-            logits = self.model.compute_logits(h)                                          # [N, V]
-        if stat_rows:
-            stats = self.model.compute_unmask_stats(hidden[self._index(stat_rows)], self.tokens.mask_id)
+        with forward_context(ForwardContext(None, self.triton)):       # the final norm and head
+            if logit_rows:
+                in_order = logit_rows == list(range(hidden.shape[0]))    # the usual case: skip a copy
+                h = hidden if in_order else hidden[self._index(logit_rows)]
+                logits = self.model.compute_logits(h)                                      # [N, V]
+            if stat_rows:
+                stats = self.model.compute_unmask_stats(hidden[self._index(stat_rows)], self.tokens.mask_id)
         checked = [t for t in (logits, stats.prob if stats is not None else None) if t is not None]
         if any(torch.isnan(t).any() for t in checked):
             # argmax over NaN picks an arbitrary token and the request would "succeed" with garbage.

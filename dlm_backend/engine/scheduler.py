@@ -8,12 +8,11 @@ from dlm_backend.engine.sequence import Sequence, Status
 
 
 class Scheduler:
-    """FIFO admission up to ``max_num_seqs``; each step batches running requests whose query windows
-    fit ``max_num_batched_tokens`` (always at least one), rotating so none starves."""
+    """FIFO admission up to ``limits.max_num_seqs``; each step batches running requests whose query
+    windows fit ``limits.max_num_batched_tokens`` (always at least one), rotating so none starves."""
 
-    def __init__(self, max_num_seqs: int, max_num_batched_tokens: int, logits_shift: int):
-        self.max_num_seqs = max_num_seqs
-        self.max_num_batched_tokens = max_num_batched_tokens
+    def __init__(self, limits, logits_shift: int):
+        self.limits = limits            # EngineLimits, replaced when the engine's limits change
         self.logits_shift = logits_shift
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
@@ -29,11 +28,11 @@ class Scheduler:
         return next((s for s in (*self.running, *self.waiting) if s.request_id == request_id), None)
 
     def schedule(self) -> list[Sequence]:
-        while self.waiting and len(self.running) < self.max_num_seqs:
+        while self.waiting and len(self.running) < self.limits.max_num_seqs:
             seq = self.waiting.popleft()
             seq.status = Status.RUNNING
             self.running.append(seq)
-        batch, budget = [], self.max_num_batched_tokens
+        batch, budget = [], self.limits.max_num_batched_tokens
         for seq in self.running:
             start, end, _ = seq.window(self.logits_shift)
             cost = (end - start) * (2 if seq.params.cfg_scale > 0 else 1)

@@ -1,4 +1,4 @@
-"""One request: prompt, canvas, block cursor and status. Plain Python, no tensors."""
+"""One request: prompt, canvas, block cursor, status and its output so far. Plain Python, no tensors."""
 
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ import itertools
 import time
 from enum import Enum, auto
 
+from dlm_backend.engine.detokenizer import Detokenizer
+from dlm_backend.engine.outputs import GenerationOutput, StreamChunk
 from dlm_backend.engine.params import SamplingParams
 from dlm_backend.engine.samplers.base import Sampler, TokenInfo
 
@@ -29,7 +31,7 @@ class Sequence:
 
     def __init__(self, prompt_token_ids: list[int], params: SamplingParams, sampler: Sampler,
                  tokens: TokenInfo, request_id: str | None = None,
-                 response_template: list[int | None] | None = None):
+                 response_template: list[int | None] | None = None, tokenizer=None):
         self.seq_id = next(self._ids)
         self.request_id = request_id or f"dlm-{self.seq_id}"
         self.prompt_token_ids = list(prompt_token_ids)
@@ -59,6 +61,7 @@ class Sequence:
         self.first_token_time: float | None = None
         self.num_emitted = 0                   # generated tokens already streamed
         self.error: str | None = None
+        self.detokenizer = Detokenizer(tokenizer, params.stop, len(template)) if tokenizer is not None else None
         self._advance()
 
     # -- derived state ---------------------------------------------------------------------
@@ -157,3 +160,26 @@ class Sequence:
         """End this request alone after an engine failure (others keep running)."""
         self.error = f"{type(exc).__name__}: {exc}"
         self.finish("error")
+
+    # -- output ----------------------------------------------------------------------------
+
+    def take_chunk(self, now: float) -> StreamChunk:
+        """What this request committed since the last chunk (stop strings applied); the last chunk,
+        once finished, carries the whole output."""
+        delta_text = self.detokenizer.update(self) if self.detokenizer is not None else ""
+        tokens = self.committed_token_ids
+        if tokens and self.first_token_time is None:
+            self.first_token_time = now
+        delta_ids = tokens[self.num_emitted:]
+        self.num_emitted = len(tokens)
+        output = None
+        if self.is_finished:
+            output = GenerationOutput(
+                request_id=self.request_id, prompt_token_ids=self.prompt_token_ids, token_ids=tokens,
+                text=self.detokenizer.text if self.detokenizer is not None else None,
+                finish_reason=self.finish_reason, stop_reason=self.stop_reason,
+                num_forward_passes=self.num_forward_passes,
+                metrics={"latency_s": now - self.arrival_time,
+                         "ttft_s": (self.first_token_time or now) - self.arrival_time})
+        return StreamChunk(self.request_id, delta_ids, delta_text, self.is_finished, self.finish_reason, output,
+                           error=self.error)

@@ -11,11 +11,13 @@ import secrets
 
 from starlette.exceptions import HTTPException
 
+from dlm_backend.server.errors import error_body
+
 OPEN_PATHS = frozenset({"/health"})
 
 
-async def _send_error(send, status: int, message: str, kind: str, headers: list | None = None) -> None:
-    body = json.dumps({"error": {"message": message, "type": kind}}).encode()
+async def _send_error(send, status: int, message: str, headers: list | None = None) -> None:
+    body = json.dumps(error_body(status, message)).encode()
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"),
                             (b"content-length", str(len(body)).encode())] + (headers or [])})
@@ -38,7 +40,7 @@ class APIKeyMiddleware:
             given = auth[7:].strip()
         if not secrets.compare_digest(given, self.api_key):
             return await _send_error(send, 401, "Missing or wrong API key. Send 'Authorization: Bearer <key>' "
-                                     "with the key the server was started with.", "authentication_error",
+                                     "with the key the server was started with.",
                                      [(b"www-authenticate", b"Bearer")])
         return await self.app(scope, receive, send)
 
@@ -65,7 +67,7 @@ class BodyLimitMiddleware:
             return await self.app(scope, receive, send)
         length = dict(scope["headers"]).get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self.max_bytes:
-            return await _send_error(send, 413, self._message(), "invalid_request_error")
+            return await _send_error(send, 413, self._message())
         seen, started = 0, False
 
         async def limited_receive():
@@ -86,4 +88,4 @@ class BodyLimitMiddleware:
             await self.app(scope, limited_receive, tracking_send)
         except BodyTooLarge:
             if not started:
-                await _send_error(send, 413, self._message(), "invalid_request_error")
+                await _send_error(send, 413, self._message())

@@ -11,7 +11,7 @@ import threading
 import pytest
 from helpers import make_chat_checkpoint
 
-import dlm_backend.engine.engine as engine_module
+import dlm_backend.engine.checkpoint as engine_module
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 KNOBS = {"max_tokens": 8, "block_length": 8}
@@ -79,6 +79,7 @@ def test_llamaindex_achat_and_metadata(fresh_model):
 def test_litellm_acompletion(fresh_model):
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     litellm = pytest.importorskip("litellm")
+    import dlm_backend.adapters.litellm  # noqa: F401  (registers dlm/...)
     import dlm_backend  # noqa: F401  (registers dlm/...)
 
     path, threads = fresh_model
@@ -90,7 +91,7 @@ def test_lazy_server_first_request(fresh_model):
     from dlm_backend.server.app import create_app
 
     path, threads = fresh_model
-    app = create_app(path)
+    app = create_app(path, served_name="m")
 
     async def post():
         transport = httpx.ASGITransport(app=app)

@@ -51,7 +51,7 @@ def test_structured_output_that_misses_the_schema_is_a_parsing_error_not_a_lenie
 def test_a_malformed_call_is_an_invalid_tool_call_not_a_silent_empty_message():
     from dlm_backend.chat import ChatResult
     from dlm_backend.engine.outputs import GenerationOutput
-    from dlm_backend.tool_calls import parse_tool_calls
+    from dlm_backend.chat.tool_calls import parse_tool_calls
 
     text = '<tool_call>{"name": "get_weather", "arguments": {"city": </tool_call>'
     content, calls, bad = parse_tool_calls(text)
@@ -68,10 +68,10 @@ def get_weather(city: str) -> str:
 
 
 def test_constructor_loads_no_weights_and_the_profile_comes_from_config(dream_chat):
-    import dlm_backend.engine.llm as llm_mod
-    before = len(llm_mod._shared)
+    from dlm_backend.engine import shared
+    before = len(shared.loaded())
     model = ChatDLM(model=str(dream_chat) + "/", max_tokens=16)
-    assert len(llm_mod._shared) == before
+    assert len(shared.loaded()) == before
     assert model.profile["max_input_tokens"] == 512 and model.profile["tool_calling"]   # dream-tiny's config.json
 
 

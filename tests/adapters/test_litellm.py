@@ -10,13 +10,14 @@ import pytest
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 litellm = pytest.importorskip("litellm", reason="install the [litellm] extra")
 
-import dlm_backend  # noqa: E402,F401  (registers the dlm provider)
+import dlm_backend.adapters.litellm  # noqa: E402,F401  (registers the dlm provider)
 
 
-def test_import_order_does_not_matter():
+def test_registration_is_one_import_and_patches_nothing():
     code = ("import os; os.environ['LITELLM_LOCAL_MODEL_COST_MAP']='True'\n"
-            "import dlm_backend, sys\nassert 'litellm' not in sys.modules\nimport litellm\n"
-            "assert any(e['provider'] == 'dlm' for e in litellm.custom_provider_map)\n"
+            "import sys; finders = list(sys.meta_path)\n"
+            "import dlm_backend\nassert 'litellm' not in sys.modules and sys.meta_path == finders\n"
+            "import litellm\nassert not any(e['provider'] == 'dlm' for e in litellm.custom_provider_map or [])\n"
             "import dlm_backend.adapters.litellm as a; a.register(); a.register()\n"
             "assert sum(e['provider'] == 'dlm' for e in litellm.custom_provider_map) == 1\n"
             "print(litellm.get_model_info('dlm/dlm-tiny')['supports_function_calling'])")
@@ -80,9 +81,9 @@ def test_aliases_name_the_embedded_model_and_the_default():
 
 
 @pytest.mark.parametrize("extra,match", [
-    ({"n": 3}, "n=3: one choice per request"),
-    ({"logprobs": True}, "logprobs is not supported"),
-    ({"top_logprobs": 2, "logprobs": False}, "top_logprobs is not supported"),
+    ({"n": 3}, "n=3 is not supported: one choice per request"),
+    ({"logprobs": True}, "logprobs=True is not supported"),
+    ({"top_logprobs": 2, "logprobs": False}, "top_logprobs=2 is not supported"),
     ({"functions": [{"name": "f", "parameters": {"type": "object"}}]}, "pass tools"),
 ])
 def test_fields_the_backend_does_not_serve_are_errors_not_dropped(dream_chat, extra, match):

@@ -18,10 +18,10 @@ def get_weather(city: str) -> str:
 
 
 def test_construction_does_not_load(dream_chat):
-    import dlm_backend.engine.llm as llm_mod
-    before = len(llm_mod._shared)
+    from dlm_backend.engine import shared
+    before = len(shared.loaded())
     DLM(model=str(dream_chat) + "/", max_tokens=16)
-    assert len(llm_mod._shared) == before
+    assert len(shared.loaded()) == before
 
 
 def test_chat_complete_stream_and_async(dream_chat):

@@ -1,12 +1,12 @@
-"""Triton kernels, each beside a pure-torch reference with the same signature, and the switch
-that decides which one the layers run.
+"""Triton kernels (one module each: the kernel and its launcher; the torch reference is the layer's)
+and the switch that decides, once per engine, whether the layers run them.
 
-``DLM_KERNELS`` picks: ``auto`` (default) runs the kernels on CUDA devices when Triton imports and
-the torch code everywhere else; ``torch`` always runs the torch code; ``triton`` always runs the
-kernels, which on a CPU tensor needs Triton's interpreter (``TRITON_INTERPRET=1``, slow, for
-tests). The kernels are forward-only, so a pass that records autograd runs the torch code whatever
-the mode (:func:`use_kernels`). Nothing here imports Triton until a kernel is actually wanted, so CPU installs without it
-work unchanged.
+The engine's ``kernels`` setting (``$DLM_KERNELS``, read when its configuration is made) picks:
+``auto`` (default) runs the kernels on CUDA devices when Triton imports and the torch code
+everywhere else; ``torch`` always runs the torch code; ``triton`` always runs the kernels, which on
+a CPU tensor needs Triton's interpreter (``TRITON_INTERPRET=1``, slow, for tests). The kernels are
+forward-only. Nothing here imports Triton until a kernel is actually wanted, so CPU installs
+without it work unchanged.
 """
 
 from __future__ import annotations
@@ -31,15 +31,6 @@ class UnmaskStats(NamedTuple):
     entropy: torch.Tensor    # [N] fp32 entropy of the softmax (nats)
 
 
-def kernels_mode() -> str:
-    """The ``DLM_KERNELS`` setting (``auto`` when unset)."""
-    mode = os.environ.get("DLM_KERNELS", "auto").strip().lower() or "auto"
-    if mode not in MODES:
-        raise DLMError(f"DLM_KERNELS={mode!r} is not a kernel mode; set it to one of {', '.join(MODES)} "
-                       "(or unset it for 'auto').")
-    return mode
-
-
 @functools.cache
 def triton_available() -> bool:
     """Whether ``import triton`` works here."""
@@ -54,13 +45,16 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
-def use_triton(device: torch.device | str) -> bool:
-    """Whether tensors on ``device`` should go through the Triton kernels.
+def resolve_kernels(mode: str, device: torch.device | str) -> bool:
+    """Whether an engine on ``device`` runs the Triton kernels, for a ``DLM_KERNELS`` mode.
 
-    Raises DLMError when ``DLM_KERNELS=triton`` cannot be honoured (no Triton, or a CPU device
-    without the interpreter), instead of silently running something else.
+    Decided once, when the engine is built; the layers then read the answer from the forward context.
+    Raises DLMError for an unknown mode or when ``triton`` cannot be honoured (no Triton, or a CPU
+    device without the interpreter), instead of silently running something else.
     """
-    mode = kernels_mode()
+    if mode not in MODES:
+        raise DLMError(f"DLM_KERNELS={mode!r} is not a kernel mode; set it to one of {', '.join(MODES)} "
+                       "(or unset it for 'auto').")
     if mode == "torch":
         return False
     is_cuda = torch.device(device).type == "cuda"
@@ -75,10 +69,4 @@ def use_triton(device: torch.device | str) -> bool:
     return True
 
 
-def use_kernels(t: torch.Tensor) -> bool:
-    """Whether a layer should run its Triton kernel on ``t``: :func:`use_triton` for its device, and
-    no autograd recording (the kernels are forward-only; training runs the torch code)."""
-    return not torch.is_grad_enabled() and use_triton(t.device)
-
-
-__all__ = ["MODES", "UnmaskStats", "use_kernels", "kernels_mode", "triton_available", "use_triton"]
+__all__ = ["MODES", "UnmaskStats", "resolve_kernels", "triton_available"]

@@ -5,12 +5,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from dlm_backend.engine.kernels import use_kernels
+from dlm_backend.engine.layers.attention import triton_enabled
 
 
 def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:  # [T, I] each
     """``silu(gate) * up``: one fused Triton kernel on the kernel path, eager torch otherwise."""
-    if use_kernels(gate):
+    if triton_enabled():
         from dlm_backend.engine.kernels.swiglu import swiglu as swiglu_kernel
 
         return swiglu_kernel(gate, up)

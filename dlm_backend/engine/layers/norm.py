@@ -1,6 +1,6 @@
 """RMSNorm in the order both reference models use: normalise in fp32, cast back, then scale.
 
-On the kernel path (see :mod:`dlm_backend.engine.kernels`) the norm runs as one Triton kernel,
+On the kernel path (the forward context says so; see :mod:`dlm_backend.engine.kernels`) the norm runs as one Triton kernel,
 fused with the residual add that precedes it in every block (:meth:`RMSNorm.add_forward`).
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from dlm_backend.engine.kernels import use_kernels
+from dlm_backend.engine.layers.attention import triton_enabled
 
 
 class RMSNorm(nn.Module):
@@ -19,7 +19,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def _fusable(self, x: torch.Tensor) -> bool:
-        return x.dim() == 2 and x.stride(-1) == 1 and x.dtype == self.weight.dtype and use_kernels(x)
+        return x.dim() == 2 and x.stride(-1) == 1 and x.dtype == self.weight.dtype and triton_enabled()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [T, D]
         if self._fusable(x):

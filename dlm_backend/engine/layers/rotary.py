@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from dlm_backend.engine.kernels import use_kernels
+from dlm_backend.engine.layers.attention import triton_enabled
 
 
 class RotaryTable:
@@ -53,7 +53,7 @@ def rotate_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Te
 
     The kernel path rotates both in place in one launch; the torch path returns new tensors.
     """
-    if use_kernels(q) and q.stride(-1) == 1 and k.stride(-1) == 1:
+    if triton_enabled() and q.stride(-1) == 1 and k.stride(-1) == 1:
         from dlm_backend.engine.kernels.rotary import rotary_
 
         return rotary_(q, k, cos[:, 0], sin[:, 0], full_precision)

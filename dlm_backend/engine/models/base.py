@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dlm_backend.engine.kernels import UnmaskStats, use_kernels
-from dlm_backend.engine.layers import RMSNorm, RotaryTable
+from dlm_backend.engine.kernels import UnmaskStats
+from dlm_backend.engine.layers import RMSNorm, RotaryTable, triton_enabled
 
 
 @dataclass(frozen=True)
@@ -85,7 +85,7 @@ class DiffusionLM(nn.Module, metaclass=ABCMeta):
         """
         norm, weight = self.head()
         h = norm(hidden)
-        if use_kernels(h):
+        if triton_enabled():
             from dlm_backend.engine.kernels.unmask import unmask_stats
 
             return unmask_stats(h, weight, exclude_id=exclude_id)

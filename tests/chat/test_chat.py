@@ -1,6 +1,6 @@
 """Tool-call parsing for the Hermes / Qwen2.5 format."""
 
-from dlm_backend.tool_calls import parse_tool_calls
+from dlm_backend.chat.tool_calls import parse_tool_calls
 
 
 def test_single_call():
@@ -62,10 +62,11 @@ import json  # noqa: E402
 import pytest  # noqa: E402
 
 from dlm_backend import LLM, DLMError, SamplingParams  # noqa: E402
-from dlm_backend.chat import ChatRequest, Prepared, complete, normalize_messages, stream  # noqa: E402
+from dlm_backend.chat import ChatRequest, Plan, complete, normalize_messages, stream  # noqa: E402
+from dlm_backend.chat.plan import Call, Free  # noqa: E402
 from dlm_backend.chat.run import _Splitter  # noqa: E402
-from dlm_backend.tool_calls import normalize_tools, tool_choice_name  # noqa: E402
-from dlm_backend.structured import plan_json, templatable  # noqa: E402
+from dlm_backend.chat.tool_calls import normalize_tools, tool_choice_name  # noqa: E402
+from dlm_backend.chat.structured import plan_json, templatable  # noqa: E402
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather",
                                             "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}
@@ -116,8 +117,8 @@ def test_tools_and_tool_choice():
 
 def test_template_without_tools_gets_a_tool_prompt(llada_chat):
     llm = LLM(str(llada_chat))
-    prep = Prepared(llm, ChatRequest([{"role": "user", "content": "weather?"}], tools=[WEATHER]))
-    text = llm.tokenizer.decode(prep.prompt_ids, skip_special_tokens=False)
+    plan = Plan(llm, ChatRequest([{"role": "user", "content": "weather?"}], tools=[WEATHER]))
+    text = llm.tokenizer.decode(plan.prompt_ids, skip_special_tokens=False)
     assert "get_weather" in text and "<tool_call>" in text
 
 
@@ -130,7 +131,7 @@ def test_template_without_tools_keeps_the_tool_turns(llada_chat):
                     {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]},
                 {"role": "tool", "tool_call_id": "c1", "content": "sunny, 21 C"}]
     for tools in ([WEATHER], None):         # frameworks may drop the tools on the turn after the result
-        text = llm.tokenizer.decode(Prepared(llm, ChatRequest(messages, tools=tools)).prompt_ids,
+        text = llm.tokenizer.decode(Plan(llm, ChatRequest(messages, tools=tools)).prompt_ids,
                                     skip_special_tokens=False)
         assert text.count("system<|end_header_id|>") == 1 and "Be brief." in text
         assert ("You can call these tools" in text) == bool(tools)
@@ -161,10 +162,10 @@ def test_forced_tool_choice_writes_the_whole_call(dream_chat):
         expected = {"get_time": set(), "get_weather": {"city"}, "set_person": set(PERSON["properties"])}[name]
         assert set(args) == expected and all(isinstance(v, str) for k, v in args.items() if k in ("city", "name"))
     # parameters that cannot be templated: the call head is written and the model finishes it
-    prep = Prepared(llm, ChatRequest([{"role": "user", "content": "x"}], SamplingParams(max_tokens=64),
-                                     tools=[nested], tool_choice="plan"))
-    assert prep.call_plan is None
-    assert llm.tokenizer.decode(prep.template) == '<tool_call>\n{"name": "plan", "arguments":'
+    plan = Plan(llm, ChatRequest([{"role": "user", "content": "x"}], SamplingParams(max_tokens=64),
+                                 tools=[nested], tool_choice="plan"))
+    assert isinstance(plan.shape, Call) and plan.shape.plan is None
+    assert llm.tokenizer.decode(plan.template) == '<tool_call>\n{"name": "plan", "arguments":'
 
 
 def test_forced_tool_call_that_cannot_fit_says_so(dream_chat):
@@ -205,10 +206,10 @@ def test_json_skeleton_fixes_keys_in_the_canvas(dream_chat):
 
 
 def test_stream_splits_content_and_tool_calls(dream_chat):
-    class FakePrep:
-        tools, json_plan, call_plan = [WEATHER], None, None
+    class FakePlan:
+        tools, shape = [WEATHER], Free()
 
-    s = _Splitter(FakePrep())
+    s = _Splitter(FakePlan())
     events = []
     for piece in ["Sure. <tool", "_call>\n{\"name\": \"get_weather\", ", "\"arguments\": {}}\n</tool_call>", " done"]:
         events += s.feed(piece)
@@ -224,12 +225,12 @@ def test_a_malformed_call_reaches_the_result_and_the_stream_as_content(dream_cha
     from dlm_backend.engine.outputs import GenerationOutput
 
     llm = LLM(str(dream_chat))
-    prep = Prepared(llm, ChatRequest([{"role": "user", "content": "hi"}], SamplingParams(max_tokens=16), tools=[WEATHER]))
+    plan = Plan(llm, ChatRequest([{"role": "user", "content": "hi"}], SamplingParams(max_tokens=16), tools=[WEATHER]))
     text = 'Sure. <tool_call>{"name": "get_weather", "arguments": {oops}</tool_call>'
-    result = prep.finish(GenerationOutput("r", [1], [2, 3], text, "stop", 2))
+    result = plan.finish(GenerationOutput("r", [1], [2, 3], text, "stop", 2), plan.shape, [])
     assert result.content == text and result.tool_calls == [] and result.finish_reason == "stop"
     assert result.invalid_tool_calls[0]["name"] == "get_weather"
-    splitter = _Splitter(prep)
+    splitter = _Splitter(plan)
     events = splitter.feed(text) + splitter.close(result)
     assert "".join(e.content for e in events) == text
     assert not any(e.tool_call for e in events)
@@ -239,10 +240,10 @@ def test_a_stream_ending_in_what_might_have_begun_a_call_sends_it_as_content(dre
     from dlm_backend.engine.outputs import GenerationOutput
 
     llm = LLM(str(dream_chat))
-    prep = Prepared(llm, ChatRequest([{"role": "user", "content": "hi"}], SamplingParams(max_tokens=16), tools=[WEATHER]))
+    plan = Plan(llm, ChatRequest([{"role": "user", "content": "hi"}], SamplingParams(max_tokens=16), tools=[WEATHER]))
     for text in ["3 < 4 <", "cut off at <tool_"]:
-        splitter = _Splitter(prep)
-        result = prep.finish(GenerationOutput("r", [1], [2, 3], text, "length", 2))
+        splitter = _Splitter(plan)
+        result = plan.finish(GenerationOutput("r", [1], [2, 3], text, "length", 2), plan.shape, [])
         events = splitter.feed(text[:4]) + splitter.feed(text[4:]) + splitter.close(result)
         assert "".join(e.content for e in events) == result.content == text
 
@@ -384,7 +385,7 @@ def test_tools_with_a_schema_answer_in_the_schema_when_no_tool_is_called(dream_c
 def test_a_skeleton_answer_that_breaks_the_schema_is_not_returned_as_parsed(dream_chat):
     """Bounds and patterns are not in the skeleton: a slot left at 0 against minimum 18 was returned
     as parsed. Now it is checked, sampled again like generated JSON, and reported as None."""
-    from dlm_backend.structured import validates
+    from dlm_backend.chat.structured import validates
     schema = {"type": "object", "properties": {"age": {"type": "integer", "minimum": 18, "maximum": 30},
                                                "code": {"type": "string", "pattern": "^[A-Z]{3}$"}}}
     fmt = {"type": "json_schema", "json_schema": {"name": "p", "schema": schema}}

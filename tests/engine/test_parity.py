@@ -3,11 +3,10 @@
 
 import pytest
 import torch
-from helpers import PARITY, parity_cases, parity_params
+from helpers import PARITY, forward, parity_cases, parity_params
 from safetensors.torch import load_file
 
 from dlm_backend import LLM
-from dlm_backend.engine.layers import AttentionContext, Segment, attention_context
 
 
 @pytest.mark.parametrize("name,case", parity_cases("llada-tiny") + parity_cases("dream-tiny"))
@@ -24,7 +23,5 @@ def test_forward_logits_match_reference(name):
     expected = load_file(str(PARITY / name / "expected_logits.safetensors"))
     model = LLM(str(PARITY / name), dtype="float32").engine.runner.model
     ids = expected["input_ids"][0]
-    with attention_context(AttentionContext([Segment(slice(0, len(ids)), 0, None)])):
-        hidden = model(ids, torch.arange(len(ids)))
-    logits = model.compute_logits(hidden)
+    _, logits = forward(model, ids)
     torch.testing.assert_close(logits, expected["logits"][0], atol=1e-4, rtol=0)

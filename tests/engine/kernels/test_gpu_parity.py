@@ -6,8 +6,7 @@ import torch
 from safetensors.torch import load_file
 
 from dlm_backend import LLM
-from dlm_backend.engine.layers import AttentionContext, Segment, attention_context
-from helpers import PARITY, parity_cases, parity_params
+from helpers import PARITY, forward, parity_cases, parity_params
 pytestmark = pytest.mark.gpu
 
 
@@ -26,7 +25,6 @@ def test_cuda_logits_match_reference(name, dtype, atol):
     expected = load_file(str(PARITY / name / "expected_logits.safetensors"))
     model = LLM(str(PARITY / name), device="cuda", dtype=dtype).engine.runner.model
     ids = expected["input_ids"][0].cuda()
-    with attention_context(AttentionContext([Segment(slice(0, len(ids)), 0, None)])):
-        hidden = model(ids, torch.arange(len(ids), device="cuda"))
-    logits = model.compute_logits(hidden).float().cpu()
+    _, logits = forward(model, ids, triton=True)
+    logits = logits.float().cpu()
     torch.testing.assert_close(logits, expected["logits"][0], atol=atol, rtol=0.02 if dtype == "bfloat16" else 0)

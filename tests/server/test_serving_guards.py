@@ -17,7 +17,8 @@ pytest.importorskip("fastapi", reason="install the [server] extra")
 httpx = pytest.importorskip("httpx")
 
 from dlm_backend.server import create_app  # noqa: E402
-from dlm_backend.server.app import ServerConfig  # noqa: E402
+from dlm_backend.engine.config import EngineLimits  # noqa: E402
+from dlm_backend.server.config import ServerConfig  # noqa: E402
 from helpers import serve_in_thread  # noqa: E402
 
 KEY = "sk-test-key"
@@ -119,7 +120,8 @@ def test_metrics_in_prometheus_format(guarded):
 @pytest.fixture
 def slow(dream_chat):
     """A server whose engine sleeps 50 ms per pass, with 2 slots and a queue of 1."""
-    app = create_app(config=ServerConfig(model=str(dream_chat), served_name="tiny", max_num_seqs=2, max_waiting=1))
+    limits = EngineLimits(max_num_seqs=2, max_waiting=1)
+    app = create_app(config=ServerConfig(model=str(dream_chat), served_name="tiny", limits=limits))
     engine = app.state.llm().engine
     original = engine.runner.step
 
@@ -131,6 +133,7 @@ def slow(dream_chat):
     with serve_in_thread(app) as url:
         yield url, engine
     engine.runner.step = original
+    engine.set_limits(**vars(EngineLimits()))        # the engine is shared with the other tests
 
 
 def finished_since(engine, before: dict) -> dict:
@@ -249,7 +252,7 @@ def test_client_timeout_on_a_non_streaming_request_frees_the_slot(slow):
 
 
 def test_a_request_failing_inside_the_engine_fails_alone(dream_chat):
-    app = create_app(config=ServerConfig(model=str(dream_chat), served_name="tiny", max_num_seqs=8))
+    app = create_app(config=ServerConfig(model=str(dream_chat), served_name="tiny", limits=EngineLimits(max_num_seqs=8)))
     llm = app.state.llm()
     engine = llm.engine
     prompts = ["first question", "second one", "FAIL here", "third request"]

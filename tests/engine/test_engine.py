@@ -6,11 +6,10 @@ import shutil
 
 import pytest
 import torch
-from helpers import PARITY
+from helpers import PARITY, forward
 
 from dlm_backend import LLM, SamplingParams
 from dlm_backend.engine.cache import KVCache
-from dlm_backend.engine.layers import AttentionContext, Segment, attention_context
 from dlm_backend.errors import EngineError
 
 PROMPT = json.loads((PARITY / "llada-tiny" / "cases.json").read_text())["cases"][0]["prompt"]
@@ -43,11 +42,9 @@ def test_cached_window_on_unchanged_canvas_equals_full_pass(family):
     L, bs, be = len(canvas), len(PROMPT) + 8, len(PROMPT) + 16
     cache = KVCache(a.num_layers, a.num_kv_heads, L, a.head_dim, torch.float32, "cpu")
     with torch.inference_mode():
-        with attention_context(AttentionContext([Segment(slice(0, L), 0, cache)])):
-            full = model(canvas, torch.arange(L))
+        full, _ = forward(model, canvas, 0, cache)
         for start, end in [(bs, L), (bs - 1, be)]:      # prefix window, shifted dual window
-            with attention_context(AttentionContext([Segment(slice(0, end - start), start, cache)])):
-                part = model(canvas[start:end], torch.arange(start, end))
+            part, _ = forward(model, canvas[start:end], start, cache)
             # A plumbing error moves logits by 0.1 or more; a window of other length can take another
             # float32 matmul kernel (a fresh clone on 2 threads saw 3.8e-5 on one of 576 logits).
             torch.testing.assert_close(part, full[start:end], atol=1e-4, rtol=1e-4)
@@ -120,7 +117,7 @@ def test_forward_passes_reported_and_threshold_needs_fewer():
 
 def test_classifier_free_guidance_changes_output():
     llm = LLM(str(PARITY / "llada-tiny"))
-    params = SamplingParams(sampler="llada", max_tokens=16, block_length=8, ignore_eos=True)
+    params = SamplingParams(sampler="llada", max_tokens=16, block_length=8, cache="none", ignore_eos=True)
     plain = llm.generate(prompt_token_ids=[PROMPT], sampling_params=params)[0]
     guided = llm.generate(prompt_token_ids=[PROMPT], sampling_params=params.replace(cfg_scale=2.0))[0]
     assert len(guided.token_ids) == 16 and guided.token_ids != plain.token_ids

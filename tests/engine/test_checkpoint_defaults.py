@@ -7,8 +7,8 @@ import pytest
 from helpers import PARITY
 
 from dlm_backend import LLM, SamplingParams
-from dlm_backend.adapters.common import SERVING_DEFAULTS, sampling_params
-from dlm_backend.engine.params import checkpoint_defaults
+from dlm_backend.chat import request_params
+from dlm_backend.engine.params import DEFAULTS, checkpoint_defaults
 from dlm_backend.errors import SamplingParamsError
 
 
@@ -37,16 +37,20 @@ def test_checkpoint_defaults_read_and_validated():
 def test_bad_checkpoint_defaults_fail_at_load(tmp_path):
     with pytest.raises(SamplingParamsError, match="generation_config.json.*block_length must be"):
         LLM(_with_defaults(tmp_path / "a", {"block_length": 0})).engine
-    with pytest.raises(SamplingParamsError, match="generation_config.json: 'dlm_sampling' names sampler 'treshold', "
-                                                  "which is not registered. Registered samplers: dream"):
+    with pytest.raises(SamplingParamsError, match="generation_config.json: 'dlm_sampling' names a sampler that is "
+                                                  "not registered. Unknown sampler 'treshold'. Registered samplers: dream"):
         LLM(_with_defaults(tmp_path / "b", {"sampler": "treshold"})).engine
 
 
-def test_layers_serving_then_checkpoint_then_fields_then_call(tmp_path):
+def sampling_params(llm, fields, call):
+    return request_params(llm, fields, call, taken=("cache",))
+
+
+def test_layers_table_then_checkpoint_then_fields_then_call(tmp_path):
     plain = LLM(str(PARITY / "llada-tiny"))
-    assert plain.sampling_params() == SamplingParams()
+    assert plain.sampling_params() == SamplingParams() == DEFAULTS
     p = sampling_params(plain, {}, {})
-    assert (p.max_tokens, p.block_length, p.cache) == (SERVING_DEFAULTS["max_tokens"], 32, "dual")
+    assert (p.max_tokens, p.block_length, p.cache) == (256, None, "dual")     # None: the sampler's block (32)
 
     llm = LLM(_with_defaults(tmp_path, {"block_length": 4, "cache": "prefix", "threshold": 0.8}))
     assert llm.sampling_params(max_tokens=16) == SamplingParams(max_tokens=16, block_length=4, cache="prefix",
@@ -61,7 +65,7 @@ def test_another_sampler_drops_the_checkpoint_defaults_and_cfg_gets_its_cache(tm
     llm = LLM(_with_defaults(tmp_path, {"sampler": "threshold", "block_length": 4, "cache": "prefix", "threshold": 0.8}))
     assert llm.sampling_params(sampler="dream") == SamplingParams(sampler="dream")     # dream's whole-canvas block
     p = sampling_params(llm, {}, {"sampler": "llada"})
-    assert (p.sampler, p.block_length, p.cache, p.threshold) == ("llada", 32, "dual", 0.9)
+    assert (p.sampler, p.block_length, p.cache, p.threshold) == ("llada", None, "dual", 0.9)
     p = sampling_params(llm, {"sampler": "threshold"}, {})
     assert (p.block_length, p.cache, p.threshold) == (4, "prefix", 0.8)
     assert llm.sampling_params(sampler="llada", cfg_scale=1.0).cache == "none"        # CFG recomputes the canvas
@@ -86,22 +90,32 @@ def test_llm_methods_without_params_use_the_checkpoint_defaults(tmp_path, monkey
     out = llm.generate(prompt_token_ids=[[1, 2, 3, 4]])[0]
     list(llm.stream(prompt_token_ids=[1, 2, 3]))
     assert [(p.sampler, p.block_length) for p in submitted] == [("llada", 4)] * 2
-    assert out.num_forward_passes == 128      # llada, one token per pass over the 128-slot canvas
+    assert out.num_forward_passes == 256      # llada, one token per pass over the 256-slot canvas
     llm.generate(prompt_token_ids=[[1, 2]], sampling_params=SamplingParams(max_tokens=8))
     assert (submitted[-1].sampler, submitted[-1].block_length) == ("threshold", None)   # by hand: as given
 
 
 def test_a_chat_request_without_params_uses_the_checkpoint_defaults(dream_chat, tmp_path):
-    from dlm_backend.chat import ChatRequest, Prepared
+    from dlm_backend.chat import ChatRequest, Plan
 
     folder = tmp_path / "dream"
     shutil.copytree(dream_chat, folder)
     config = json.loads((folder / "generation_config.json").read_text())
     (folder / "generation_config.json").write_text(json.dumps({**config, "dlm_sampling": {"block_length": 8}}))
-    prep = Prepared(LLM(str(folder)), ChatRequest([{"role": "user", "content": "hi"}]))
-    assert prep.request.params.block_length == 8
+    plan = Plan(LLM(str(folder)), ChatRequest([{"role": "user", "content": "hi"}]))
+    assert plan.params.block_length == 8
 
 
 def test_shipped_model_names_its_defaults():
     p = LLM().sampling_params()
     assert (p.sampler, p.threshold, p.block_length, p.cache) == ("threshold", 0.95, 4, "prefix")
+
+
+def test_unknown_knobs_are_refused_with_the_nearest_name(tmp_path):
+    llm = LLM(str(PARITY / "llada-tiny"))
+    with pytest.raises(SamplingParamsError, match="Unknown request field 'thresold'. Did you mean 'threshold'"):
+        sampling_params(llm, {}, {"thresold": 0.5})
+    with pytest.raises(SamplingParamsError, match="Unknown request field 'cache'. Did you mean 'kv_cache'"):
+        sampling_params(llm, {}, {"cache": "dual"})          # the framework's own name
+    assert sampling_params(llm, {}, {"kv_cache": "none", "gen_length": 8}).cache == "none"
+

@@ -114,9 +114,9 @@ def test_requests_that_were_500s_are_400s_naming_the_field(client):
                                        tool_choice={"type": "function", "function": "get_weather"})
     assert r.choices[0].message.tool_calls[0].function.name == "get_weather"
     for seed in (2**64, -2**63 - 1):                                                     # overflow in manual_seed
-        with pytest.raises(openai.BadRequestError, match="seed must be an integer in"):
+        with pytest.raises(openai.BadRequestError, match="seed must be in"):
             client.chat.completions.create(model="tiny", messages=hi, max_tokens=8, seed=seed)
-        with pytest.raises(openai.BadRequestError, match="seed must be an integer in"):
+        with pytest.raises(openai.BadRequestError, match="seed must be in"):
             client.completions.create(model="tiny", prompt="hi", max_tokens=8, seed=seed, stream=True)
 
 
@@ -126,11 +126,11 @@ def test_null_n_and_stream_are_defaults_and_logprobs_are_refused(client):
     assert r.object == "chat.completion"
     r = client.chat.completions.create(model="tiny", messages=hi, max_tokens=8, logprobs=False)
     assert r.choices[0].logprobs is None
-    with pytest.raises(openai.BadRequestError, match="logprobs is not supported"):
+    with pytest.raises(openai.BadRequestError, match="logprobs=True is not supported"):
         client.chat.completions.create(model="tiny", messages=hi, max_tokens=8, logprobs=True)
-    with pytest.raises(openai.BadRequestError, match="top_logprobs is not supported"):
+    with pytest.raises(openai.BadRequestError, match="top_logprobs=2 is not supported"):
         client.chat.completions.create(model="tiny", messages=hi, max_tokens=8, top_logprobs=2)
-    with pytest.raises(openai.BadRequestError, match="echo is not supported"):
+    with pytest.raises(openai.BadRequestError, match="echo=True is not supported"):
         client.completions.create(model="tiny", prompt="hi", max_tokens=8, echo=True)
 
 

@@ -9,7 +9,8 @@ from helpers import PARITY
 from safetensors.torch import load_file, save_file
 
 from dlm_backend import LLM, SamplingParams
-from dlm_backend.engine.engine import EngineConfig, LLMEngine
+from dlm_backend.engine.config import EngineConfig
+from dlm_backend.engine.engine import LLMEngine
 from dlm_backend.errors import (CheckpointError, ModelNotFoundError, UnknownArchitectureError,
                                 UnsafeCheckpointError)
 
@@ -92,7 +93,7 @@ def test_hub_id_loads_from_local_cache(tmp_path, monkeypatch):
     monkeypatch.setattr(c, "HF_HUB_OFFLINE", True)
     monkeypatch.setattr(c, "HF_HUB_CACHE", str(cache))
     engine = LLMEngine(EngineConfig(model="org/tiny-llada"))
-    assert engine.folder == snapshot
+    assert engine.checkpoint.folder == snapshot
 
 
 def test_sharded_checkpoint_loads_the_same(tmp_path):

@@ -9,61 +9,54 @@ import torch
 from dlm_backend import LLM, SamplingParams
 from dlm_backend.engine.cache import KVCache
 from dlm_backend.engine.graphs import BlockGraphs, bucket_for
-from dlm_backend.engine.kernels import use_triton
-from dlm_backend.engine.layers import AttentionContext, Segment, attention_context
+from dlm_backend.engine.config import EngineConfig
+from dlm_backend.engine.kernels import resolve_kernels
+from dlm_backend.engine.layers import ForwardContext, PackedAttention, Segment, forward_context
 from dlm_backend.errors import DLMError
 
-PARITY = Path(__file__).resolve().parents[1] / "fixtures" / "parity"
+PARITY = Path(__file__).resolve().parents[2] / "fixtures" / "parity"
 PROMPT = json.loads((PARITY / "llada-tiny" / "cases.json").read_text())["cases"][0]["prompt"]
 FAMILIES = ["llada-tiny", "dream-tiny"]
 
 
 def test_dispatch_modes(monkeypatch):
-    monkeypatch.setenv("DLM_KERNELS", "torch")
-    assert not use_triton("cpu")
-    monkeypatch.setenv("DLM_KERNELS", "auto")
-    assert use_triton("cpu") is False
-    monkeypatch.setenv("DLM_KERNELS", "triton")
+    assert resolve_kernels("torch", "cpu") is False
+    assert resolve_kernels("auto", "cpu") is False
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    assert use_triton("cpu") is True
+    assert resolve_kernels("triton", "cpu") is True
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     with pytest.raises(DLMError, match="TRITON_INTERPRET=1"):
-        use_triton("cpu")
-    monkeypatch.setenv("DLM_KERNELS", "fast")
+        resolve_kernels("triton", "cpu")
     with pytest.raises(DLMError, match="auto, triton, torch"):
-        use_triton("cpu")
+        resolve_kernels("fast", "cpu")
+    monkeypatch.setenv("DLM_KERNELS", "fast")       # the environment is read once, by EngineConfig
+    with pytest.raises(DLMError, match="not a kernel mode"):
+        EngineConfig(model="x")
 
 
-def _mixed_forward(model, ids, length):
+def _mixed_forward(model, ids, length, triton):
     # An uncached segment, a cached one (writes into / reads its whole cache), another uncached one:
     # the kernel path packs the two uncached ones into one launch through an index.
-    a = model.args
-    cache = KVCache(a.num_layers, a.num_kv_heads, length, a.head_dim, torch.float32, "cpu")
+    a, dev = model.args, ids.device
+    cache = KVCache(a.num_layers, a.num_kv_heads, length, a.head_dim, torch.float32, dev)
     segs = [Segment(slice(0, 5), 0), Segment(slice(5, 5 + length), 0, cache), Segment(slice(5 + length, 26), 0)]
-    pos = torch.cat([torch.arange(5), torch.arange(length), torch.arange(26 - 5 - length)])
-    with attention_context(AttentionContext(segs)):
-        return model(ids, pos)
+    pos = torch.cat([torch.arange(5), torch.arange(length), torch.arange(26 - 5 - length)]).to(dev)
+    with forward_context(ForwardContext(PackedAttention(segs), triton)):
+        hidden = model(ids, pos)
+        return hidden, model.compute_unmask_stats(hidden[:7], exclude_id=model.args.mask_token_id)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
 @torch.inference_mode()
-def test_model_forward_kernel_path_matches_torch(family, monkeypatch):
-    model = LLM(str(PARITY / family), dtype="float32").engine.runner.model
-    ids = torch.tensor((PROMPT * 3)[:26])
-    monkeypatch.setenv("DLM_KERNELS", "torch")
-    want = _mixed_forward(model, ids, 9)
-    want_stats = model.compute_unmask_stats(want[:7], exclude_id=model.args.mask_token_id)
-    with attention_context(AttentionContext(rows=(2, 13))):
-        want_rows = model(ids, torch.arange(13).repeat(2))
-    monkeypatch.setenv("DLM_KERNELS", "triton")
-    got = _mixed_forward(model, ids, 9)
+def test_model_forward_kernel_path_matches_torch(family):
+    model = LLM(str(PARITY / family), dtype="float32", kernels="torch").engine.runner.model
+    ids = torch.tensor((PROMPT * 3)[:26], device=next(model.parameters()).device)
+    want, want_stats = _mixed_forward(model, ids, 9, triton=False)
+    got, stats = _mixed_forward(model, ids, 9, triton=True)
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
-    stats = model.compute_unmask_stats(want[:7], exclude_id=model.args.mask_token_id)
     assert torch.equal(stats.token, want_stats.token)
     for name in ("prob", "margin", "entropy"):
         torch.testing.assert_close(getattr(stats, name), getattr(want_stats, name), atol=1e-5, rtol=1e-5)
-    with attention_context(AttentionContext(rows=(2, 13))):
-        torch.testing.assert_close(model(ids, torch.arange(13).repeat(2)), want_rows, atol=1e-4, rtol=1e-4)
 
 
 def test_engine_on_kernel_path_uses_fused_unmasking(monkeypatch):
@@ -71,34 +64,28 @@ def test_engine_on_kernel_path_uses_fused_unmasking(monkeypatch):
     # (compute_logits is never called for them) and produce the torch path's tokens.
     params = SamplingParams(sampler="threshold", max_tokens=8, block_length=4, threshold=0.3, cache="dual",
                             ignore_eos=True)
-    llm = LLM(str(PARITY / "llada-tiny"))
-    monkeypatch.setenv("DLM_KERNELS", "torch")
-    want = llm.generate(prompt_token_ids=[PROMPT, PROMPT[:5]], sampling_params=params)
-    monkeypatch.setenv("DLM_KERNELS", "triton")
+    want = LLM(str(PARITY / "llada-tiny"), kernels="torch").generate(prompt_token_ids=[PROMPT, PROMPT[:5]],
+                                                                     sampling_params=params)
+    llm = LLM(str(PARITY / "llada-tiny"), kernels="triton")
     model = llm.engine.runner.model
     monkeypatch.setattr(model, "compute_logits", lambda h: pytest.fail("logits built on the fused path"))
     got = llm.generate(prompt_token_ids=[PROMPT, PROMPT[:5]], sampling_params=params)
     assert [o.token_ids for o in got] == [o.token_ids for o in want]
 
 
-def test_autograd_passes_run_the_torch_code(monkeypatch):
-    # Training (grad enabled) must never reach a forward-only kernel, even with DLM_KERNELS=triton.
-    monkeypatch.setenv("DLM_KERNELS", "triton")
-    from dlm_backend.engine.models.llada import LLaDAModelLM
-
-    model = LLaDAModelLM.from_config(json.loads((PARITY / "llada-tiny" / "config.json").read_text()))
-    model.setup("cpu")                                      # fresh trainable parameters
-    calls = []
+def test_kernel_dispatch_is_decided_once_per_engine(monkeypatch):
+    """Layers follow the engine's decision, not the environment at call time; outside a forward
+    context (a training loop, a notebook) they run the torch code."""
     import dlm_backend.engine.kernels.rmsnorm as rms
 
-    monkeypatch.setattr(rms, "rmsnorm", lambda *a: calls.append(1) or rms.rmsnorm_ref(*a))
-    ids = torch.tensor(PROMPT[:8])
-    with attention_context(AttentionContext(rows=(1, 8))):
-        model(ids, torch.arange(8)).sum().backward()
-    assert calls == [] and model.model.transformer.blocks[0].q_proj.weight.grad is not None
-    with torch.no_grad(), attention_context(AttentionContext(rows=(1, 8))):
-        model(ids, torch.arange(8))
-    assert calls                                            # without autograd the kernel runs
+    calls = []
+    monkeypatch.setattr(rms, "rmsnorm", lambda *a: calls.append(1) or pytest.fail("kernel on a torch engine"))
+    llm = LLM(str(PARITY / "llada-tiny"), kernels="torch")
+    monkeypatch.setenv("DLM_KERNELS", "triton")
+    llm.generate(prompt_token_ids=[PROMPT], sampling_params=SamplingParams(max_tokens=4, ignore_eos=True))
+    norm = llm.engine.runner.model.model.transformer.ln_f
+    norm(torch.ones(2, norm.weight.shape[0]))
+    assert calls == []
 
 
 def test_buckets():
@@ -110,14 +97,13 @@ def test_static_block_step_equals_varlen_path(family, monkeypatch):
     """The fixed-shape padded step (what a CUDA graph replays), run eagerly on CPU, gives the varlen
     path's hidden states at every pass (to fp32 rounding: masked vs sliced keys, other GEMM shapes)
     and the same tokens. Three requests pad to a bucket of 4."""
-    monkeypatch.setenv("DLM_KERNELS", "torch")
     prompts = [PROMPT, PROMPT[:5], PROMPT[3:] + [7, 8, 9]]
     params = SamplingParams(sampler="threshold", max_tokens=16, block_length=8, threshold=0.2, cache="dual",
                             ignore_eos=True)
-    llm = LLM(str(PARITY / family))
+    llm = LLM(str(PARITY / family), device="cpu", kernels="torch")
     want = llm.generate(prompt_token_ids=prompts, sampling_params=params)
     runner = llm.engine.runner
-    runner.graphs = BlockGraphs(runner.model, runner.dtype, runner.device, capture=False)
+    runner.graphs = BlockGraphs(runner.model, runner.dtype, runner.device, capture=False, triton=False)
     static_forward, compared = runner._forward_static, []
 
     def checked(seqs, shift, q_len):
@@ -138,15 +124,13 @@ def test_static_block_step_equals_varlen_path(family, monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("family", FAMILIES)
-def test_cuda_graph_capture_matches_eager(family, monkeypatch):
+def test_cuda_graph_capture_matches_eager(family):
     prompts = [PROMPT, PROMPT[:5], PROMPT[3:] + [7, 8, 9]]
     params = SamplingParams(sampler="threshold", max_tokens=16, block_length=8, threshold=0.2, cache="dual",
                             ignore_eos=True)
-    monkeypatch.setenv("DLM_CUDA_GRAPHS", "0")
-    want = LLM(str(PARITY / family), device="cuda", dtype="float32").generate(
+    want = LLM(str(PARITY / family), device="cuda", dtype="float32", cuda_graphs=False).generate(
         prompt_token_ids=prompts, sampling_params=params)
-    monkeypatch.setenv("DLM_CUDA_GRAPHS", "1")
-    llm = LLM(str(PARITY / family), device="cuda", dtype="float32")
+    llm = LLM(str(PARITY / family), device="cuda", dtype="float32", cuda_graphs=True)
     got = llm.generate(prompt_token_ids=prompts, sampling_params=params)
     graphs = llm.engine.runner.graphs
     assert graphs is not None and any(s.graph is not None for s in graphs.steps.values())

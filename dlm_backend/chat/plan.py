@@ -1,0 +1,220 @@
+"""A chat request in the engine's terms: prompt ids, the shape of the answer, and the passes it takes.
+
+The answer has one :class:`Shape` at a time:
+
+* :class:`Free`: the model writes what it wants (tool calls are parsed out of it);
+* :class:`Json`: a JSON skeleton (or a ``{"`` prefix, validated afterwards) for ``response_format``;
+* :class:`Call`: a forced call to one tool, its arguments a skeleton when they can be templated;
+* :class:`PickTool`: ``tool_choice`` "required" over several tools: a short name pass picks the
+  tool, then the answer is that tool's :class:`Call`;
+* :class:`ToolsOrJson`: tools and a schema together (OpenAI's rule): a free pass may call a tool;
+  a reply without a call is answered again as :class:`Json`.
+
+:meth:`Plan.passes` is the one driver of every front door: a generator that yields each
+:class:`Pass` to run and receives its output, ending with the :class:`ChatResult`. The sync and
+async callers in chat/run.py only run the passes it asks for.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import uuid
+from dataclasses import dataclass
+from typing import Generator
+
+from dlm_backend.chat.messages import ChatRequest, ChatResult, normalize_messages
+from dlm_backend.chat.prompt import encode_chat
+from dlm_backend.chat.structured import JsonPlan, nearest, plan_json, plan_tool_call, validates
+from dlm_backend.chat.tool_calls import (CLOSE, NAME_HEAD, NAME_SLOTS, OPEN, fallback_messages, normalize_tools,
+                                         parse_tool_calls, tool_choice_name)
+from dlm_backend.engine.outputs import GenerationOutput
+from dlm_backend.engine.params import SamplingParams
+
+#: Generate-and-validate for JSON that cannot be templated: this many extra samples, at this
+#: temperature unless the request set one, before the answer is returned with ``parsed=None``.
+JSON_RESAMPLES = 2
+RESAMPLE_TEMPERATURE = 0.7
+
+
+@dataclass(frozen=True)
+class Free:
+    template: None = None
+
+
+@dataclass(frozen=True)
+class Json:
+    plan: JsonPlan
+
+    @property
+    def template(self):
+        return self.plan.template
+
+
+@dataclass(frozen=True)
+class Call:
+    name: str
+    plan: JsonPlan | None           # None: parameters with no skeleton; only the call's head is fixed
+    template: list
+
+
+@dataclass(frozen=True)
+class PickTool:
+    template: list                  # the call's head up to the tool name
+
+
+@dataclass(frozen=True)
+class ToolsOrJson:
+    plan: JsonPlan
+    template: None = None
+
+
+Shape = Free | Json | Call | PickTool | ToolsOrJson
+
+
+@dataclass(frozen=True)
+class Pass:
+    """One generation the answer needs: its parameters, response template, and whether its text is
+    the streamed answer (the last pass of a stream)."""
+
+    params: SamplingParams
+    template: list | None
+    streamed: bool = False
+
+
+class Plan:
+    """How one ChatRequest is answered (DLMError at construction for anything that cannot be)."""
+
+    def __init__(self, llm, request: ChatRequest):
+        if request.params is None:
+            request = dataclasses.replace(request, params=llm.sampling_params())
+        self.llm, self.request, self.tokenizer = llm, request, llm.tokenizer
+        self.tools = normalize_tools(request.tools)
+        forced = tool_choice_name(request.tool_choice, self.tools)
+        if forced == "none":
+            self.tools, forced = None, None
+        messages = normalize_messages(request.messages)
+        has_tool_turns = any(m["role"] == "tool" or m.get("tool_calls") for m in messages)
+        if (self.tools or has_tool_turns) and not self.tokenizer.renders_tools:  # e.g. LLaDA: tools as text
+            self.prompt_ids = encode_chat(self.tokenizer, fallback_messages(messages, self.tools))
+        else:
+            self.prompt_ids = encode_chat(self.tokenizer, messages, tools=self.tools)
+        self.shape: Shape = self._shape(forced, request)
+
+    @property
+    def params(self) -> SamplingParams:
+        return self.request.params
+
+    @property
+    def template(self) -> list | None:
+        """The response template of the answer's pass in the current shape."""
+        return self.shape.template
+
+    def _shape(self, forced, request: ChatRequest) -> Shape:
+        if forced is True:
+            for tool in self.tools:    # whichever the name pass picks must fit: fail now, not after a 200
+                self._call(tool["function"]["name"])
+            return PickTool(self.tokenizer.encode(NAME_HEAD))
+        if forced:
+            return self._call(forced)
+        fmt = request.response_format
+        if fmt and fmt.get("type", "text") != "text":
+            plan = plan_json(self.tokenizer, fmt, self.params.max_tokens)
+            return ToolsOrJson(plan) if self.tools else Json(plan)
+        return Free()
+
+    def _call(self, name: str) -> Call:
+        """The forced call to tool ``name``: a skeleton when its parameters can be templated."""
+        head = OPEN + "\n" + '{"name": ' + json.dumps(name) + ', "arguments": '
+        params = self._parameters(name)
+        plan = plan_tool_call(self.tokenizer, head, params, "}\n" + CLOSE, self.params.max_tokens)
+        return Call(name, plan, plan.template if plan else self.tokenizer.encode(head.rstrip()))
+
+    def _parameters(self, name: str) -> dict:
+        return next(t["function"]["parameters"] for t in self.tools if t["function"]["name"] == name)
+
+    # -- the passes -----------------------------------------------------------------------------
+
+    def passes(self, stream: bool = False) -> "Passes":
+        """The passes to run, one at a time, then the answer. With ``stream`` the answer's pass is
+        marked ``streamed`` and runs once (one stream, one answer)."""
+        return Passes(self._passes(stream))
+
+    def _passes(self, stream: bool) -> Generator[Pass, GenerationOutput, ChatResult]:
+        spent: list[GenerationOutput] = []
+        if isinstance(self.shape, PickTool):
+            n = len(self.shape.template) + NAME_SLOTS      # the call head and room for a name, a token a step
+            out = yield Pass(self.params.replace(max_tokens=n, block_length=n, steps=None), self.shape.template)
+            spent.append(out)
+            written = out.text[len(NAME_HEAD):].split('"')[0] if out.text.startswith(NAME_HEAD) else out.text
+            self.shape = self._call(nearest([t["function"]["name"] for t in self.tools], written.strip()))
+        elif isinstance(self.shape, ToolsOrJson):
+            out = yield Pass(self.params, None)
+            result = self.finish(out, Free(), spent)
+            if result.tool_calls:
+                return result
+            spent.append(out)
+            self.shape = Json(self.shape.plan)
+        for params in self._attempts(stream):
+            out = yield Pass(params, self.shape.template, streamed=stream)
+            result = self.finish(out, self.shape, spent)
+            if not self._missed(result):
+                break
+            spent.append(out)
+        return result
+
+    def _attempts(self, stream: bool) -> list[SamplingParams]:
+        """The request's own params, then (generate-and-validate) fresh seeded samples for JSON or a
+        forced call without a skeleton: greedy decoding would only repeat a miss."""
+        params = self.params
+        free_call = isinstance(self.shape, Call) and self.shape.plan is None
+        if stream or not (isinstance(self.shape, Json) or free_call):
+            return [params]
+        seed = params.seed or 0
+        return [params] + [params.replace(temperature=params.temperature or RESAMPLE_TEMPERATURE, seed=seed + i)
+                           for i in range(1, JSON_RESAMPLES + 1)]
+
+    def _missed(self, result: ChatResult) -> bool:
+        """Whether the answer missed its schema (JSON that does not parse or validate, a forced call
+        without a skeleton that is missing or breaks its tool's parameters)."""
+        shape = self.shape
+        if isinstance(shape, Call) and shape.plan is None:
+            calls = result.tool_calls
+            return not (calls and calls[0]["function"]["name"] == shape.name
+                        and validates(self._parameters(shape.name), json.loads(calls[0]["function"]["arguments"])))
+        return isinstance(shape, Json) and result.parsed is None
+
+    def finish(self, output: GenerationOutput, shape: Shape, spent: list[GenerationOutput]) -> ChatResult:
+        """Read one pass's output as the answer in ``shape``."""
+        text = output.text or ""
+        if isinstance(shape, Json):
+            parsed, content = shape.plan.parse(self.tokenizer, output.token_ids, text)
+            return ChatResult(content, [], output.finish_reason, output, parsed, earlier=list(spent))
+        if isinstance(shape, Call) and shape.plan is not None:     # the skeleton holds the call
+            args = shape.plan.slot_values(self.tokenizer, output.token_ids) if shape.plan.slots else {}
+            content, calls, bad = "", [{"name": shape.name, "arguments": args}], []
+        else:
+            # A well-formed call to a tool that was not offered stays a call, as vLLM's parsers
+            # return it: agents answer it ("not a valid tool, try one of ...") and the model retries.
+            content, calls, bad = parse_tool_calls(text) if self.tools else (text, [], [])
+        tool_calls = [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+                       "function": {"name": c["name"], "arguments": json.dumps(c["arguments"], ensure_ascii=False)}}
+                      for c in calls]
+        reason = "tool_calls" if tool_calls else output.finish_reason
+        return ChatResult(content, tool_calls, reason, output, invalid_tool_calls=bad, earlier=list(spent))
+
+
+class Passes:
+    """A plan's passes: ``next(output)`` hands over the previous pass's output and returns the next
+    pass to run, or None once ``result`` holds the answer."""
+
+    def __init__(self, steps: Generator[Pass, GenerationOutput, ChatResult]):
+        self._steps = steps
+        self.result: ChatResult | None = None
+
+    def next(self, output: GenerationOutput | None) -> Pass | None:
+        try:
+            return self._steps.send(output)
+        except StopIteration as stop:
+            self.result = stop.value
+            return None

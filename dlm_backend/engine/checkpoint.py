@@ -1,0 +1,61 @@
+"""Everything an engine needs from a checkpoint folder, opened and checked in one place."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from dlm_backend.engine.config import EngineConfig
+from dlm_backend.engine.loader import load_model, read_config, resolve_checkpoint
+from dlm_backend.engine.models.base import DiffusionLM, token_ids
+from dlm_backend.engine.params import checkpoint_defaults
+from dlm_backend.engine.samplers.base import TokenInfo
+from dlm_backend.engine.tokenizer import Tokenizer
+from dlm_backend.errors import CheckpointError
+
+
+@dataclass
+class Checkpoint:
+    """A loaded checkpoint: its folder and config, the model on its device, tokenizer and special tokens."""
+
+    folder: Path
+    hf_config: dict
+    #: Decoding knobs the checkpoint names for itself (``generation_config.json``'s ``dlm_sampling``).
+    sampling_defaults: dict
+    model: DiffusionLM
+    tokenizer: Tokenizer | None       # None: no tokenizer.json, token ids only
+    tokens: TokenInfo
+
+    @property
+    def name(self) -> str:
+        return self.folder.name
+
+
+def open_checkpoint(config: EngineConfig) -> Checkpoint:
+    """Resolve, read, check and load the checkpoint ``config`` names (a DLMError naming the problem)."""
+    folder = resolve_checkpoint(config.model, config.revision)
+    hf_config = read_config(folder)
+    # Checked before the weights load, so a bad file fails fast.
+    defaults = checkpoint_defaults(hf_config.get("_generation_config", {}), str(folder / "generation_config.json"))
+    model = load_model(folder, hf_config, config.torch_device, config.torch_dtype)
+    # No tokenizer.json: token ids only. One that is there but broken is an error, not "absent".
+    tokenizer = Tokenizer(folder) if (folder / "tokenizer.json").is_file() else None
+    return Checkpoint(folder, hf_config, defaults, model, tokenizer, _token_info(model, hf_config, tokenizer))
+
+
+def _token_info(model: DiffusionLM, hf_config: dict, tokenizer: Tokenizer | None) -> TokenInfo:
+    a, gen = model.args, hf_config.get("_generation_config", {})
+    eos = set(a.eos_token_ids)
+    eos.update(token_ids(gen.get("eos_token_id")))
+    eot: list[int] = []
+    if tokenizer is not None:
+        tok_eos = tokenizer.token_id(tokenizer.special_tokens.get("eos_token"))
+        if tok_eos is not None:
+            eos.add(tok_eos)
+        eot = [i for i in tokenizer.end_of_turn_ids() if i not in eos]
+    bad = [f"{name} {i}" for name, ids in (("mask_token_id", [a.mask_token_id]), ("eos_token_id", eos))
+           for i in ids if not 0 <= i < a.vocab_size]
+    if bad:     # else every request fails inside the engine with an IndexError
+        raise CheckpointError(f"{', '.join(bad)} is outside the vocabulary (size {a.vocab_size}); fix "
+                              "config.json / generation_config.json.")
+    return TokenInfo(mask_id=a.mask_token_id, eos_ids=tuple(sorted(eos)), eot_ids=tuple(eot))

@@ -1,0 +1,43 @@
+"""The checks a request passes before it is queued: each failure a DLMError saying what to change."""
+
+from __future__ import annotations
+
+from dlm_backend.engine.params import SamplingParams
+from dlm_backend.engine.samplers.base import Sampler
+from dlm_backend.errors import ContextLengthError, DLMError, SamplingParamsError, TokenizerError
+
+
+def find_sampler(samplers: dict[str, Sampler], name: str) -> Sampler:
+    if name not in samplers:
+        raise SamplingParamsError(f"Unknown sampler {name!r}. Registered samplers: {', '.join(sorted(samplers))}.")
+    return samplers[name]
+
+
+def check_request(engine, prompt_token_ids: list[int], params: SamplingParams,
+                  response_template: list[int | None] | None = None) -> Sampler:
+    """The request's sampler, or the DLMError that keeps it out of ``engine``'s queue."""
+    if not isinstance(params, SamplingParams):
+        raise SamplingParamsError(f"sampling_params must be a SamplingParams, not {type(params).__name__}.")
+    if not prompt_token_ids:
+        raise DLMError("The prompt is empty. Pass at least one token (a diffusion model needs context to "
+                       "condition on).")
+    vocab = engine.model_args.vocab_size
+    if any(not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab for t in prompt_token_ids):
+        raise DLMError(f"Prompt token ids must be integers in [0, {vocab}) for this model.")
+    total = len(prompt_token_ids) + params.max_tokens
+    if total > engine.max_model_len:
+        raise ContextLengthError(
+            f"Prompt ({len(prompt_token_ids)} tokens) plus max_tokens ({params.max_tokens}) is {total} tokens, "
+            f"over the model's context of {engine.max_model_len}. Shorten the prompt or lower max_tokens.")
+    if params.stop and engine.tokenizer is None:
+        raise TokenizerError("Stop strings need the checkpoint's tokenizer.json to decode text. Remove 'stop' "
+                             "or add the tokenizer.")
+    if response_template is not None:
+        if len(response_template) > params.max_tokens:
+            raise SamplingParamsError(f"The response template has {len(response_template)} tokens but "
+                                      f"max_tokens is {params.max_tokens}; raise max_tokens.")
+        if any(t is not None and (not isinstance(t, int) or not 0 <= t < vocab) for t in response_template):
+            raise DLMError(f"Response template tokens must be None or integers in [0, {vocab}).")
+    sampler = find_sampler(engine.samplers, params.sampler)
+    sampler.validate(params)
+    return sampler

@@ -1,0 +1,226 @@
+"""The user-facing ``LLM``: generate, chat and stream, in sync and async forms."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import queue
+from typing import AsyncIterator, Iterator
+
+from dlm_backend.chat.prompt import encode_chat
+from dlm_backend.engine import shared
+from dlm_backend.engine.config import EngineConfig
+from dlm_backend.engine.loader import default_model
+from dlm_backend.engine.outputs import GenerationOutput, StreamChunk
+from dlm_backend.engine.params import SamplingParams, layered
+from dlm_backend.errors import DLMError, EngineError, TokenizerError
+
+
+class LLM:
+    """A diffusion language model on the local engine.
+
+    ``model`` is a local checkpoint folder or a hub id (``"GSAI-ML/LLaDA-8B-Instruct"``); by default
+    ``$DLM_MODEL`` or the embedded dlm-tiny, which runs anywhere without a download. Weights load
+    once per process and (model, device, dtype); every ``LLM`` naming the same model shares them and
+    their batches. Limits given here (``max_num_seqs``, ``max_waiting``, ...) are set on the shared
+    engine; ``None`` keeps its own. ``close()`` (or ``with LLM(...) as llm:``) returns this handle,
+    and the last handle frees the weights and caches. Methods taking ``messages`` render them with
+    the checkpoint's chat template.
+    """
+
+    def __init__(self, model: str | None = None, *, device: str | None = None, dtype: str = "auto",
+                 revision: str | None = None, kernels: str | None = None, cuda_graphs: bool | None = None,
+                 max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
+                 max_model_len: int | None = None, max_waiting: int | None = None):
+        switches = {k: v for k, v in (("kernels", kernels), ("cuda_graphs", cuda_graphs)) if v is not None}
+        self.config = EngineConfig(model=str(model or default_model()), device=device, dtype=dtype,
+                                   revision=revision, **switches)
+        self._loop = shared.acquire(self.config, max_num_seqs=max_num_seqs, max_waiting=max_waiting,
+                                    max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len)
+        self._closed = False
+
+    def close(self) -> None:
+        """Return this handle to the shared engine; the last one frees the weights and caches."""
+        if not self._closed:
+            self._closed = True
+            shared.release(self._loop)
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    @property
+    def engine(self):
+        return self._loop.engine
+
+    @property
+    def tokenizer(self):
+        if self.engine.tokenizer is None:
+            raise TokenizerError(f"{self.config.model} has no tokenizer.json; text prompts and chat need "
+                                 "one. Pass prompt_token_ids instead.")
+        return self.engine.tokenizer
+
+    def sampling_params(self, **changes) -> SamplingParams:
+        """The checkpoint's decoding defaults (its ``generation_config.json``) with ``changes`` applied
+        (naming another sampler than the checkpoint's drops them; see :func:`params.layered`).
+
+        Every method here uses ``sampling_params()`` when given no SamplingParams; a SamplingParams
+        built by hand is used as it is.
+        """
+        return SamplingParams(**layered(self.engine.sampling_defaults, changes))
+
+    # -- prompts ------------------------------------------------------------------------------
+
+    def encode_chat(self, messages: list[dict], tools: list[dict] | None = None, **template_kwargs) -> list[int]:
+        """Token ids of ``messages`` rendered with the chat template, ready for the assistant turn.
+        OpenAI shapes are accepted (content-part lists, tool calls with JSON-string arguments)."""
+        return encode_chat(self.tokenizer, messages, tools, **template_kwargs)
+
+    def _prompt_ids(self, prompts, prompt_token_ids) -> list[list[int]]:
+        if (prompts is None) == (prompt_token_ids is None):
+            raise DLMError("Pass exactly one of prompts (text) or prompt_token_ids.")
+        if prompts is not None:
+            prompts = [prompts] if isinstance(prompts, str) else list(prompts)
+            if not all(isinstance(p, str) for p in prompts):
+                raise DLMError("prompts must be text (a string or a list of strings); pass token ids as "
+                               "prompt_token_ids=[...].")
+            return [self.tokenizer.encode(p) for p in prompts]
+        ids = list(prompt_token_ids)
+        if ids and all(isinstance(t, int) for t in ids):
+            return [ids]
+        if not all(isinstance(p, (list, tuple)) for p in ids):
+            raise DLMError("prompt_token_ids must be a list of token ids or a list of such lists, "
+                           "e.g. [[1, 2, 3], [4, 5]].")
+        return [list(p) for p in ids]
+
+    @contextlib.contextmanager
+    def _requests(self, background: bool):
+        """Submit requests; whatever ends the block (done, a later prompt refused, an EngineError,
+        Ctrl-C, a cancelled task, a stream closed early) aborts the ones still running, since a
+        request left running is batched with every later call. Aborting a finished request is a no-op."""
+        ids: list[str] = []
+
+        def submit(prompt_ids, params, sink, template=None) -> str:
+            ids.append(self._loop.submit(prompt_ids, params, sink, background=background,
+                                         response_template=template))
+            return ids[-1]
+        try:
+            yield submit
+        finally:
+            for request_id in ids:
+                self._loop.abort(request_id)
+
+    # -- generate -----------------------------------------------------------------------------
+
+    def generate(self, prompts: str | list[str] | None = None, sampling_params: SamplingParams | None = None,
+                 *, prompt_token_ids: list[int] | list[list[int]] | None = None,
+                 response_template: list[int | None] | None = None) -> list[GenerationOutput]:
+        """Complete raw prompts (no chat template); all are batched together. One output per prompt.
+
+        ``response_template`` fixes output tokens in advance (``None`` marks a slot to denoise).
+        """
+        params = sampling_params or self.sampling_params()
+        with self._requests(background=False) as submit:
+            queues = []
+            for ids in self._prompt_ids(prompts, prompt_token_ids):
+                queues.append(queue.Queue())
+                submit(ids, params, _final_only(queues[-1].put), response_template)
+            return [_unwrap(list(self._loop.drive(q))[-1]) for q in queues]
+
+    async def agenerate(self, prompts=None, sampling_params: SamplingParams | None = None, *,
+                        prompt_token_ids=None, response_template=None) -> list[GenerationOutput]:
+        """``generate`` without blocking the event loop (a background thread steps the engine)."""
+        params = sampling_params or self.sampling_params()
+        with self._requests(background=True) as submit:
+            queues = []
+            for ids in self._prompt_ids(prompts, prompt_token_ids):
+                queues.append(_AsyncQueue())
+                submit(ids, params, _final_only(queues[-1].put), response_template)
+            return [_unwrap(await q.get()) for q in queues]
+
+    def chat(self, messages: list[dict], sampling_params: SamplingParams | None = None, *,
+             tools: list[dict] | None = None, **template_kwargs) -> GenerationOutput:
+        """Answer one conversation (``[{"role": ..., "content": ...}, ...]``)."""
+        ids = self.encode_chat(messages, tools, **template_kwargs)
+        return self.generate(prompt_token_ids=[ids], sampling_params=sampling_params)[0]
+
+    async def achat(self, messages: list[dict], sampling_params: SamplingParams | None = None, *,
+                    tools: list[dict] | None = None, **template_kwargs) -> GenerationOutput:
+        """``chat`` without blocking the event loop."""
+        ids = self.encode_chat(messages, tools, **template_kwargs)
+        return (await self.agenerate(prompt_token_ids=[ids], sampling_params=sampling_params))[0]
+
+    # -- stream -------------------------------------------------------------------------------
+
+    def stream(self, prompt: str | None = None, sampling_params: SamplingParams | None = None, *,
+               prompt_token_ids: list[int] | None = None,
+               response_template: list[int | None] | None = None) -> Iterator[StreamChunk]:
+        """Yield committed output in order as the engine finalises it; the last chunk is ``finished``.
+        Bad input raises here, at the call; the request is queued on the first ``next()``."""
+        ids = self._prompt_ids(prompt, None if prompt_token_ids is None else [prompt_token_ids])[0]
+        params = sampling_params or self.sampling_params()
+        self.engine.check(ids, params, response_template)
+
+        def chunks():
+            q: queue.Queue = queue.Queue()
+            with self._requests(background=False) as submit:
+                submit(ids, params, q.put, response_template)
+                for chunk in self._loop.drive(q):
+                    yield _checked(chunk)
+        return chunks()
+
+    async def astream(self, prompt: str | None = None, sampling_params: SamplingParams | None = None, *,
+                      prompt_token_ids: list[int] | None = None,
+                      response_template: list[int | None] | None = None) -> AsyncIterator[StreamChunk]:
+        """``stream`` without blocking the event loop."""
+        ids = self._prompt_ids(prompt, None if prompt_token_ids is None else [prompt_token_ids])[0]
+        q = _AsyncQueue()
+        with self._requests(background=True) as submit:
+            submit(ids, sampling_params or self.sampling_params(), q.put, response_template)
+            while not (chunk := _checked(await q.get())).finished:
+                yield chunk
+            yield chunk
+
+    def stream_chat(self, messages: list[dict], sampling_params: SamplingParams | None = None, *,
+                    tools: list[dict] | None = None, **template_kwargs) -> Iterator[StreamChunk]:
+        """Stream the answer to one conversation."""
+        return self.stream(prompt_token_ids=self.encode_chat(messages, tools, **template_kwargs),
+                           sampling_params=sampling_params)
+
+    async def astream_chat(self, messages: list[dict], sampling_params: SamplingParams | None = None, *,
+                           tools: list[dict] | None = None, **template_kwargs) -> AsyncIterator[StreamChunk]:
+        """``stream_chat`` without blocking the event loop."""
+        ids = self.encode_chat(messages, tools, **template_kwargs)
+        async with contextlib.aclosing(self.astream(prompt_token_ids=ids, sampling_params=sampling_params)) as s:
+            async for chunk in s:
+                yield chunk
+
+
+class _AsyncQueue:
+    """Thread-safe handoff from the engine thread into the caller's event loop."""
+
+    def __init__(self):
+        self._loop = asyncio.get_running_loop()
+        self._queue: asyncio.Queue = asyncio.Queue()
+
+    def put(self, item) -> None:
+        self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
+
+    async def get(self):
+        return await self._queue.get()
+
+
+def _final_only(put):
+    return lambda chunk: put(chunk) if chunk.finished else None
+
+
+def _checked(chunk: StreamChunk) -> StreamChunk:
+    if chunk.error:
+        raise EngineError(f"Request {chunk.request_id} failed inside the engine: {chunk.error}")
+    return chunk
+
+
+def _unwrap(chunk: StreamChunk) -> GenerationOutput:
+    return _checked(chunk).output

@@ -1,0 +1,28 @@
+"""What one ``dlm serve`` is: its model, names, limits and security (no web framework imported)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from dlm_backend.engine.config import EngineLimits
+from dlm_backend.engine.loader import default_model
+
+
+@dataclass
+class ServerConfig:
+    """Model, limits and security of one server. ``None`` limits fall back to the model's own."""
+
+    model: str | None = None
+    served_name: str | list[str] | None = None   # name(s) clients use; default: the model folder's name
+    device: str | None = None
+    dtype: str = "auto"                     # auto: bf16 on GPU, fp32 on CPU
+    api_key: str | None = None              # required on every route but /health when set
+    max_body_bytes: int = 1 << 20           # 1 MiB: a long RAG prompt is ~100 KB
+    max_tokens_limit: int = 4096            # largest max_tokens a request may ask for
+    max_prompt_tokens: int | None = None    # default: the model's context minus max_tokens
+    limits: EngineLimits = field(default_factory=EngineLimits)
+
+    @property
+    def served_names(self) -> list[str]:
+        names = [self.served_name] if isinstance(self.served_name, str) else list(self.served_name or [])
+        return names or [(self.model or default_model()).rstrip("/").split("/")[-1]]

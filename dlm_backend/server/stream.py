@@ -1,0 +1,86 @@
+"""Server-sent events for streamed chat and text completions, and a response that always closes them."""
+
+from __future__ import annotations
+
+import json
+from contextlib import aclosing
+from typing import AsyncIterator
+
+import anyio
+from fastapi.responses import StreamingResponse
+
+from dlm_backend import chat
+from dlm_backend.errors import DLMError, EngineError
+from dlm_backend.server.errors import error_body
+
+
+class ClosingStreamingResponse(StreamingResponse):
+    """A stream that closes its body generator however it ends.
+
+    When the client leaves, Starlette cancels the streaming task but leaves the generator suspended
+    for the garbage collector to finalize, so its engine request could run on for nobody until then
+    (the load test saw a dropped stream run to the end). Closing it here aborts the request at once.
+    """
+
+    async def stream_response(self, send) -> None:
+        try:
+            await super().stream_response(send)
+        finally:
+            with anyio.CancelScope(shield=True):     # the task is being cancelled: still close
+                await self.body_iterator.aclose()
+
+
+def sse(obj) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+DONE = "data: [DONE]\n\n"
+
+
+def sse_error(exc: DLMError) -> str:
+    """An error after the 200 went out: OpenAI clients raise on an ``error`` event."""
+    return sse(error_body(500 if isinstance(exc, EngineError) else 400, str(exc), getattr(exc, "param", None)))
+
+
+async def chat_events(llm, request, plan, base: dict, include_usage: bool) -> AsyncIterator[str]:
+    """A streamed chat completion: role, content and tool-call deltas, finish, usage, [DONE]."""
+    base = {**base, "object": "chat.completion.chunk"}
+    yield sse({**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]})
+    try:
+        # aclosing: an early close (client gone) reaches the engine stream and aborts its request.
+        async with aclosing(chat.astream(llm, request, plan)) as deltas:
+            async for delta in deltas:
+                for event in _chat_event(base, delta, include_usage):
+                    yield event
+    except DLMError as exc:
+        yield sse_error(exc)
+    yield DONE
+
+
+def _chat_event(base: dict, delta, include_usage: bool) -> list[str]:
+    if delta.result is not None:
+        events = [sse({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": delta.result.finish_reason}]})]
+        return events + ([sse({**base, "choices": [], "usage": delta.result.usage})] if include_usage else [])
+    if delta.tool_call is not None:
+        call = {"index": delta.index, **delta.tool_call}
+        return [sse({**base, "choices": [{"index": 0, "delta": {"tool_calls": [call]}, "finish_reason": None}]})]
+    if delta.content:
+        return [sse({**base, "choices": [{"index": 0, "delta": {"content": delta.content}, "finish_reason": None}]})]
+    return []
+
+
+async def completion_events(llm, ids, params, base: dict, include_usage: bool) -> AsyncIterator[str]:
+    """A streamed text completion: text deltas, finish, usage, [DONE]."""
+    base = {**base, "object": "text_completion"}
+    try:
+        async with aclosing(llm.astream(prompt_token_ids=ids, sampling_params=params)) as chunks:
+            async for chunk in chunks:
+                finish = chunk.finish_reason if chunk.finished else None
+                if chunk.delta_text or finish:
+                    yield sse({**base, "choices": [{"index": 0, "text": chunk.delta_text, "finish_reason": finish,
+                                                    "logprobs": None}]})
+                if chunk.finished and include_usage:
+                    yield sse({**base, "choices": [], "usage": chunk.output.usage})
+    except DLMError as exc:
+        yield sse_error(exc)
+    yield DONE
