@@ -14,7 +14,7 @@ def require_cuda(name: str) -> None:
     """Exit with a clear message when there is no GPU (the kernels are Triton/CUDA only)."""
     if not torch.cuda.is_available():
         sys.exit(f"{name}: needs a CUDA GPU with Triton; on CPU the kernels are checked (not timed) by "
-                 "`TRITON_INTERPRET=1 pytest tests/kernels`.")
+                 "`TRITON_INTERPRET=1 pytest tests/engine/kernels`.")
     try:
         import triton  # noqa: F401
     except ImportError:

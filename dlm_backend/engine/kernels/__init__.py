@@ -13,22 +13,11 @@ from __future__ import annotations
 
 import functools
 import os
-from typing import NamedTuple
-
 import torch
 
 from dlm_backend.errors import DLMError
 
 MODES = ("auto", "triton", "torch")
-
-
-class UnmaskStats(NamedTuple):
-    """Per-row unmasking statistics (kernels/unmask.py, DiffusionLM.compute_unmask_stats)."""
-
-    token: torch.Tensor      # [N] int64 chosen token
-    prob: torch.Tensor       # [N] fp32 softmax probability of that token
-    margin: torch.Tensor     # [N] fp32 top-1 minus top-2 probability
-    entropy: torch.Tensor    # [N] fp32 entropy of the softmax (nats)
 
 
 @functools.cache
@@ -69,4 +58,4 @@ def resolve_kernels(mode: str, device: torch.device | str) -> bool:
     return True
 
 
-__all__ = ["MODES", "UnmaskStats", "resolve_kernels", "triton_available"]
+__all__ = ["MODES", "resolve_kernels", "triton_available"]

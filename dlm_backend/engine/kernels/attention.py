@@ -16,7 +16,6 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 import triton
 import triton.language as tl
 
@@ -119,21 +118,4 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Ten
         scale * 1.4426950408889634, N_REP=Hq // k.shape[1], HEAD_DIM=D,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, IEEE=is_fp32(q), UPCAST=dot_upcast(q),
         num_warps=4 if block_d <= 64 else 8)
-    return o
-
-
-def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor,
-                  k_start: torch.Tensor, k_len: torch.Tensor, max_q_len: int,
-                  scale: float | None = None) -> torch.Tensor:
-    """Torch reference of :func:`attention` (SDPA math per sequence; syncs to read the ranges)."""
-    B = _check(q, k, v, cu_q, k_start, k_len)
-    n_rep = q.shape[1] // k.shape[1]
-    o = torch.empty_like(q)
-    cu, ks, kl = cu_q.tolist(), k_start.tolist(), k_len.tolist()
-    for b in range(B):
-        qs = q[cu[b]:cu[b + 1]].transpose(0, 1)                      # [Hq, q, D]
-        kb = k[b, :, ks[b]:ks[b] + kl[b]].repeat_interleave(n_rep, 0)  # [Hq, kl, D]
-        vb = v[b, :, ks[b]:ks[b] + kl[b]].repeat_interleave(n_rep, 0)
-        ob = F.scaled_dot_product_attention(qs[None], kb[None], vb[None], scale=scale)
-        o[cu[b]:cu[b + 1]] = ob[0].transpose(0, 1)
     return o

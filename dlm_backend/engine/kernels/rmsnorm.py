@@ -4,7 +4,8 @@
 (just ``x`` when residual is None) and ``normed = weight * (h * rsqrt(mean(h^2) + eps)).to(dtype)``,
 ``h = new_residual`` in fp32: the order of :class:`~dlm_backend.engine.layers.norm.RMSNorm` (normalise
 in fp32, cast back, then scale by the weight in the model dtype). One read of x and residual, one
-write of each output, instead of the four passes eager torch makes.
+write of each output, instead of the four passes eager torch makes. The torch reference is
+:func:`dlm_backend.engine.layers.norm.rms_norm`.
 """
 
 from __future__ import annotations
@@ -52,13 +53,3 @@ def rmsnorm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor
                               res_out.stride(0), eps, HAS_RESIDUAL=residual is not None, BLOCK=block,
                               num_warps=min(16, max(1, block // 256)))
     return out, res_out
-
-
-def rmsnorm_ref(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
-                eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Torch reference of :func:`rmsnorm` (the ops of layers/norm.py, in the same order)."""
-    if residual is not None:
-        x = x + residual
-    h = x.float()
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * h.to(x.dtype), x

@@ -2,7 +2,8 @@
 
 Two conventions (see layers/rotary.py): ``full_precision=True`` (LLaDA) rotates in fp32 and casts
 back; ``False`` (Dream/Qwen2) casts cos/sin to the input dtype and rounds after every op as eager
-torch does (``x*cos`` and ``rotate_half(x)*sin`` each rounded, then their sum).
+torch does (``x*cos`` and ``rotate_half(x)*sin`` each rounded, then their sum). The torch reference
+is :func:`dlm_backend.engine.layers.rotary.apply_rotary`.
 """
 
 from __future__ import annotations
@@ -65,15 +66,4 @@ def rotary_(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tens
                              k.stride(1), cos.stride(0), sin.stride(0), HALF=D // 2, FULL=full_precision,
                              BLOCK_HQ=next_pow2(Hq), BLOCK_HK=next_pow2(k.shape[1]),
                              BLOCK_D=next_pow2(D // 2))
-    return q, k
-
-
-def rotary_ref_(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                full_precision: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Torch reference of :func:`rotary_` (layers/rotary.apply_rotary, written back in place)."""
-    from dlm_backend.engine.layers.rotary import apply_rotary
-
-    c, s = cos[:, None, :], sin[:, None, :]                 # [T, 1, D] broadcasts over heads
-    q.copy_(apply_rotary(q, c, s, full_precision))
-    k.copy_(apply_rotary(k, c, s, full_precision))
     return q, k

@@ -1,12 +1,12 @@
 """SwiGLU activation: ``silu(gate) * up`` in one pass (eager torch writes silu(gate) out first).
 
-Rounds like eager torch: silu in fp32, cast to the input dtype, then the product cast again.
+Rounds like eager torch: silu in fp32, cast to the input dtype, then the product cast again. The
+torch reference is :func:`dlm_backend.engine.layers.mlp.silu_mul`.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 import triton
 import triton.language as tl
 
@@ -31,8 +31,3 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         block = 1024
         _swiglu_kernel[(triton.cdiv(n, block),)](gate, up, out, n, BLOCK=block)
     return out
-
-
-def swiglu_ref(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """Torch reference of :func:`swiglu` (layers/mlp.py)."""
-    return F.silu(gate) * up

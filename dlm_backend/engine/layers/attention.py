@@ -146,6 +146,19 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor |
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=False)
 
 
+def ranged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor,
+                     k_start: torch.Tensor, k_len: torch.Tensor) -> torch.Tensor:
+    """:func:`sdpa` in the flash kernel's layout (its reference): packed queries ``q [T, Hq, D]`` with
+    row offsets ``cu_q [B+1]``; sequence b attends over ``k[b, :, k_start[b]:k_start[b] + k_len[b]]``."""
+    out = torch.empty_like(q)
+    cu, ks, kl = cu_q.tolist(), k_start.tolist(), k_len.tolist()
+    for b in range(len(kl)):
+        keys = slice(ks[b], ks[b] + kl[b])
+        o = sdpa(q[cu[b]:cu[b + 1]].transpose(0, 1)[None], k[b, :, keys][None], v[b, :, keys][None])
+        out[cu[b]:cu[b + 1]] = o[0].transpose(0, 1)
+    return out
+
+
 def padded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_len: torch.Tensor) -> torch.Tensor:
     """Torch attention for a static-shape batch (engine/graphs.py): q [B, M, Hq, D] (every sequence
     has M rows), k/v [B, Hkv, L, D] with keys ``0..k_len[b]`` valid. A key mask instead of slicing

@@ -8,10 +8,15 @@ import torch.nn.functional as F
 from dlm_backend.engine.layers.attention import triton_enabled
 
 
+def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up`` in eager torch: the reference of the fused kernel."""
+    return F.silu(gate) * up
+
+
 def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:  # [T, I] each
     """``silu(gate) * up``: one fused Triton kernel on the kernel path, eager torch otherwise."""
     if triton_enabled():
         from dlm_backend.engine.kernels.swiglu import swiglu as swiglu_kernel
 
         return swiglu_kernel(gate, up)
-    return F.silu(gate) * up
+    return silu_mul(gate, up)

@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dlm_backend.engine.kernels import UnmaskStats
-from dlm_backend.engine.layers import RMSNorm, RotaryTable, triton_enabled
+from dlm_backend.engine.layers import RMSNorm, RotaryTable
+from dlm_backend.engine.layers.head import UnmaskStats, unmask_stats
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,6 @@ class DiffusionLM(nn.Module, metaclass=ABCMeta):
     """
 
     logits_shift: int = 0
-    rope_full_precision: bool = True
 
     def __init__(self, args: ModelArgs):
         super().__init__()
@@ -77,25 +76,7 @@ class DiffusionLM(nn.Module, metaclass=ABCMeta):
         return F.linear(norm(hidden), weight)                  # [N, V]
 
     def compute_unmask_stats(self, hidden: torch.Tensor, exclude_id: int = -1) -> UnmaskStats:
-        """Greedy token, its probability, top-1/top-2 margin and entropy per row of ``hidden [N, D]``.
-
-        The kernel path never builds the [N, V] logits (one fused Triton pass over the vocabulary);
-        the torch path computes them. Statistics are fp32 softmax over the whole vocabulary;
-        ``exclude_id`` (the mask id) is never chosen nor counted as top-1/top-2.
-        """
+        """Greedy token and its fp32 softmax probability per row of ``hidden [N, D]``; the kernel
+        path never builds the [N, V] logits. ``exclude_id`` (the mask id) is never chosen."""
         norm, weight = self.head()
-        h = norm(hidden)
-        if triton_enabled():
-            from dlm_backend.engine.kernels.unmask import unmask_stats
-
-            return unmask_stats(h, weight, exclude_id=exclude_id)
-        logits = F.linear(h, weight).float()                   # [N, V]
-        logp = torch.log_softmax(logits, dim=-1)
-        probs = logp.exp()
-        allowed = probs.clone()
-        if 0 <= exclude_id < allowed.shape[1]:
-            allowed[:, exclude_id] = -1.0
-        token = allowed.argmax(-1)                             # first index on ties, like the kernel
-        top = allowed.topk(2, dim=-1).values
-        entropy = -(probs * logp.nan_to_num(neginf=0.0)).sum(-1)
-        return UnmaskStats(token, probs.gather(1, token[:, None])[:, 0], top[:, 0] - top[:, 1], entropy)
+        return unmask_stats(norm(hidden), weight, exclude_id)

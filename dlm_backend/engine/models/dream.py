@@ -76,7 +76,6 @@ class DreamBase(nn.Module):
 
 class DreamModel(DiffusionLM):
     logits_shift = 1
-    rope_full_precision = False
 
     def __init__(self, args: ModelArgs):
         super().__init__(args)

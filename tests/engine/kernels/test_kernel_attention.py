@@ -4,8 +4,8 @@ import pytest
 import torch
 from kernel_utils import DEVICE, DTYPES, TOL
 
-from dlm_backend.engine.kernels.attention import attention, attention_ref
-from dlm_backend.engine.layers.attention import padded_attention
+from dlm_backend.engine.kernels.attention import attention
+from dlm_backend.engine.layers.attention import padded_attention, ranged_attention
 
 
 def _i32(values):
@@ -26,7 +26,7 @@ def _case(q_lens, L, hq, hkv, d, dtype, seed=0):
 
 def _ref32(q, k, v, cu, ks, kl, m):
     # Reference in fp32 from the same (rounded) inputs: the kernel accumulates in fp32 too.
-    return attention_ref(q.float(), k.float(), v.float(), cu, ks, kl, m)
+    return ranged_attention(q.float(), k.float(), v.float(), cu, ks, kl)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -84,7 +84,7 @@ def test_padded_reference_matches_varlen_reference():
     # The static-shape (CUDA graph) torch path masks keys instead of slicing them.
     q, k, v, cu = _case([6, 6, 6], 23, 4, 2, 16, torch.float32, seed=5)
     kl = _i32([23, 7, 15])
-    want = attention_ref(q, k, v, cu, _i32([0, 0, 0]), kl, 6)
+    want = ranged_attention(q, k, v, cu, _i32([0, 0, 0]), kl)
     got = padded_attention(q.view(3, 6, 4, 16), k, v, kl).reshape(q.shape)
     torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
 

@@ -55,8 +55,7 @@ def test_model_forward_kernel_path_matches_torch(family):
     got, stats = _mixed_forward(model, ids, 9, triton=True)
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
     assert torch.equal(stats.token, want_stats.token)
-    for name in ("prob", "margin", "entropy"):
-        torch.testing.assert_close(getattr(stats, name), getattr(want_stats, name), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(stats.prob, want_stats.prob, atol=1e-5, rtol=1e-5)
 
 
 def test_engine_on_kernel_path_uses_fused_unmasking(monkeypatch):
