@@ -179,9 +179,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _unknown_option(parser: argparse.ArgumentParser, option: str) -> str:
+    """The error for an option no command declares, naming the nearest one (a misspelled knob)."""
+    import difflib
+
+    known = {o for action in parser._subparsers._group_actions for sub in action.choices.values()
+             for a in sub._actions for o in a.option_strings}
+    near = difflib.get_close_matches(option.split("=")[0], sorted(known), n=1, cutoff=0.6)
+    return f"unknown option {option!r}." + (f" Did you mean {near[0]!r}?" if near else " See `dlm COMMAND --help`.")
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
-        args = build_parser().parse_args(argv)     # plugins add commands: a broken one is an error line
+        parser = build_parser()                    # plugins add commands: a broken one is an error line
+        args, unknown = parser.parse_known_args(argv)
+        if unknown:
+            raise DLMError(_unknown_option(parser, unknown[0]))
         return args.func(args)
     except DLMError as exc:
         print(f"error: {exc}", file=sys.stderr)

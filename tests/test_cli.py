@@ -59,3 +59,18 @@ def test_input_that_is_not_utf8_is_read(tmp_path):
     out = subprocess.run([sys.executable, "-m", "dlm_backend.cli", "chat"], input=b"hi\xff there\n/exit\n",
                          capture_output=True, timeout=300)
     assert out.returncode == 0 and b"Traceback" not in out.stderr, out.stderr.decode(errors="replace")
+
+
+def test_every_knob_is_a_flag_and_the_server_limits_come_from_the_engine():
+    from dlm_backend.cli import build_parser
+    from dlm_backend.engine.config import EngineLimits
+    from dlm_backend.engine.params import KNOBS
+
+    parser = build_parser()
+    generate = parser.parse_args(["generate", "hi"])
+    assert all(hasattr(generate, name) and getattr(generate, name) is None for name in KNOBS)
+    serve = parser.parse_args(["serve"])
+    assert serve.max_waiting == EngineLimits().max_waiting and serve.max_num_seqs == EngineLimits().max_num_seqs
+    bad = dlm("generate", "hi", "--thresold", "0.5")
+    assert bad.returncode == 2 and "--threshold" in bad.stderr          # argparse names the near flag
+    assert dlm("generate", "hi", "--cache", "paged").returncode == 2

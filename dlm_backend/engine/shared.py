@@ -32,10 +32,10 @@ def acquire(config: EngineConfig, **limits) -> EngineLoop:
             loop = EngineLoop(LLMEngine(config))
             with _lock:
                 _loops[key] = loop
+        if any(v is not None for v in limits.values()):
+            loop.set_limits(**limits)                  # a bad limit raises before a handle is counted
         with _lock:
             _handles[key] = _handles.get(key, 0) + 1
-    if any(v is not None for v in limits.values()):
-        loop.set_limits(**limits)
     return loop
 
 

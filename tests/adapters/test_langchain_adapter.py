@@ -100,3 +100,15 @@ def test_the_response_cache_tells_apart_stop_and_seed(dream_chat):
     stopped = ChatDLM(model=str(dream_chat), max_tokens=16, block_length=8, sampler="llada", cache=cache, stop=["e"])
     full = plain.invoke("hi").content
     assert "e" not in stopped.invoke("hi").content and plain.invoke("hi").content == full
+
+
+def test_every_knob_is_a_field_and_a_misspelled_one_is_refused(dream_chat):
+    from dlm_backend.engine.params import KNOBS
+    from dlm_backend.errors import SamplingParamsError
+
+    fields = set(ChatDLM.model_fields)
+    assert {n for n in KNOBS if n != "cache"} | {"kv_cache"} <= fields
+    model = ChatDLM(model=str(dream_chat), max_tokens=8, block_length=8, gamma=0.2, sampler="entropy_bounded")
+    assert model.invoke("hi").response_metadata["finish_reason"] in ("stop", "length")
+    with pytest.raises(SamplingParamsError, match="Did you mean 'threshold'"):
+        model.invoke("hi", thresold=0.5)

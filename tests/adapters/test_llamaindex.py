@@ -138,3 +138,12 @@ def test_a_default_query_engine_over_a_long_document_fits_the_window(no_global_t
     index = VectorStoreIndex.from_documents([Document(text=readme)], embed_model=MockEmbedding(embed_dim=8))
     answer = index.as_query_engine(llm=llm).query("What is dlm-tiny?")
     assert isinstance(answer.response, str) and answer.source_nodes
+
+
+def test_every_knob_is_a_field(dream_chat):
+    from dlm_backend.engine.params import KNOBS
+
+    assert {n for n in KNOBS if n != "cache"} | {"kv_cache"} <= set(DLM.model_fields)
+    llm = DLM(model=str(dream_chat), max_tokens=8, block_length=8, remasking="random", sampler="llada",
+              count_tokens_with_model=False)
+    assert isinstance(llm.complete("hi").text, str)

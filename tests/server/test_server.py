@@ -174,3 +174,42 @@ def test_required_call_over_several_tools_that_cannot_fit_is_a_400_before_the_st
     with pytest.raises(openai.BadRequestError, match="forced tool call needs"):
         client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], tools=tools,
                                        tool_choice="required", max_tokens=20, stream=True)
+
+
+@pytest.mark.parametrize("extra,status,param,match", [
+    ({"thresold": 0.5}, 400, "thresold", "Did you mean 'threshold'"),          # a typo was silently ignored
+    ({"eps": 5.0}, 400, "eps", r"eps must be in \(0, 1\)"),                    # out of range was ignored
+    ({"temperature": 5}, 400, "temperature", r"temperature must be in \[0, 2\]"),
+    ({"presence_penalty": 0.5}, 400, "presence_penalty", "presence_penalty=0.5 is not supported"),
+    ({"frequency_penalty": 1}, 400, "frequency_penalty", "not supported"),
+    ({"logit_bias": {"5": 10}}, 400, "logit_bias", "not supported"),
+    ({"max_tokens": 0}, 400, "max_tokens", "max_tokens"),
+])
+def test_unknown_misspelled_and_unserved_fields_are_400s_naming_the_field(client, extra, status, param, match):
+    hi = [{"role": "user", "content": "hi"}]
+    with pytest.raises(openai.BadRequestError, match=match) as err:
+        client.chat.completions.create(model="tiny", messages=hi, max_tokens=extra.pop("max_tokens", 8),
+                                       extra_body=extra)
+    assert err.value.status_code == status and err.value.param == param
+    assert set(err.value.body) == {"message", "type", "param", "code"}
+
+
+def test_neutral_openai_fields_pass_and_an_unknown_model_is_a_404(client):
+    hi = [{"role": "user", "content": "hi"}]
+    r = client.chat.completions.create(model="tiny", messages=hi, max_tokens=4, presence_penalty=0,
+                                       frequency_penalty=0.0, n=1, user="u1", metadata={"a": "b"})
+    assert r.choices[0].message.role == "assistant"
+    with pytest.raises(openai.NotFoundError) as err:
+        client.chat.completions.create(model="gpt-4o", messages=hi, max_tokens=4)
+    assert err.value.code == "model_not_found" and err.value.param == "model"
+
+
+def test_served_model_names_are_aliases(dream_chat):
+    from dlm_backend.server.config import ServerConfig
+
+    app = create_app(config=ServerConfig(model=str(dream_chat), served_name=["tiny", "tiny-latest"]))
+    with serve_in_thread(app) as url:
+        c = openai.OpenAI(base_url=url + "/v1", api_key="unused")
+        assert [m.id for m in c.models.list().data] == ["tiny", "tiny-latest"]
+        r = c.chat.completions.create(model="tiny-latest", messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+        assert r.model == "tiny-latest"

@@ -1,0 +1,60 @@
+"""One engine per (model, device, dtype, execution switches), limits set on it, freed by close()."""
+
+import pytest
+from helpers import PARITY
+
+from dlm_backend import LLM, SamplingParams
+from dlm_backend.engine import shared
+from dlm_backend.errors import DLMError
+
+PARAMS = SamplingParams(max_tokens=4, ignore_eos=True)
+
+
+def test_handles_share_one_engine_and_the_last_close_frees_it(tmp_path):
+    import shutil
+
+    folder = shutil.copytree(PARITY / "llada-tiny", tmp_path / "m")     # a key no other test holds
+    a = LLM(str(folder))
+    with LLM(str(folder) + "/", device="cpu") as b:                     # the same weights, another spelling
+        assert b.engine is a.engine
+        assert b.generate(prompt_token_ids=[[1, 2, 3]], sampling_params=PARAMS)[0].num_generated_tokens == 4
+    assert a.engine.runner.model is not None                            # a still holds it
+    key = a.config.key
+    a.close()
+    a.close()                                                           # idempotent
+    assert key not in shared.loaded() and a.engine.runner.model is None
+    with pytest.raises(DLMError, match="closed"):
+        a.generate(prompt_token_ids=[[1, 2, 3]], sampling_params=PARAMS)
+    c = LLM(str(folder))                                                # loads again
+    assert c.generate(prompt_token_ids=[[1, 2, 3]], sampling_params=PARAMS)[0].num_generated_tokens == 4
+    c.close()
+
+
+def test_closing_ends_the_requests_in_flight(tmp_path):
+    import shutil
+
+    folder = shutil.copytree(PARITY / "llada-tiny", tmp_path / "m")
+    llm = LLM(str(folder))
+    stream = llm.stream(prompt_token_ids=[1, 2, 3], sampling_params=SamplingParams(max_tokens=32, block_length=4,
+                                                                                   sampler="llada"))
+    first = next(stream)
+    llm.close()
+    rest = list(stream)
+    assert not first.finished and rest[-1].finished and rest[-1].finish_reason == "abort"
+
+
+def test_limits_are_set_on_the_shared_engine():
+    a = LLM(str(PARITY / "dream-tiny"))
+    before = a.engine.limits
+    b = LLM(str(PARITY / "dream-tiny"), max_num_seqs=3)
+    assert a.engine is b.engine and a.engine.limits.max_num_seqs == 3
+    assert a.engine.limits.max_waiting == before.max_waiting             # limits not given are kept
+    b.engine.set_limits(max_num_seqs=before.max_num_seqs)
+    with pytest.raises(DLMError, match="max_waiting must be an integer >= 1"):
+        LLM(str(PARITY / "dream-tiny"), max_waiting=0)
+
+
+def test_execution_switches_make_separate_engines():
+    a = LLM(str(PARITY / "llada-tiny"), kernels="torch")
+    b = LLM(str(PARITY / "llada-tiny"), kernels="auto")
+    assert a.engine is not b.engine and a.config.key != b.config.key
