@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from dlm_backend import LLM, SamplingParams
-from dlm_backend.engine.layers import AttentionContext, Segment, attention_context
+from dlm_backend.engine.layers import ForwardContext, PackedAttention, Segment, forward_context
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "tests" / "fixtures" / "parity" / "llada-tiny"
@@ -67,7 +67,7 @@ def reference_loop(model, prompt: list[int], gen: int, block: int, mask_id: int)
     passes = 0
     for b in range(gen // block):
         for _ in range(block):
-            with attention_context(AttentionContext([Segment(slice(0, L), 0, None)])):
+            with forward_context(ForwardContext(PackedAttention([Segment(slice(0, L), 0, None)]))):
                 logits = model.compute_logits(model(x, torch.arange(L)))
             passes += 1
             x0 = logits.argmax(-1)

@@ -22,7 +22,7 @@ WEAK_AT_LISTS = pytest.mark.xfail(
            "(held-out, 200 per family, llada: lists 23.5%; docs/dlm-tiny/findings.md)", strict=False)
 WEAK_AT_ARITHMETIC = pytest.mark.xfail(
     reason="model capability: dlm-tiny rarely adds right (held-out, 200 per family, llada: arithmetic "
-           "24.0%; docs/dlm-tiny/findings.md); it writes 52 for 12 + 30 (p3, shipped before session 11, "
+           "24.0%; docs/dlm-tiny/findings.md); it writes 52 for 12 + 30 (p3, an earlier shipped model, "
            "wrote 42 at its own defaults and XPASSed)", strict=False)
 PARITY = FIXTURES / "parity"
 

@@ -36,8 +36,8 @@ def test_answers_held_out_chat_prompts():
     assert sum(scores) >= len(examples) // 2, [(e.target, o.text) for e, o in zip(examples, outputs)]
 
 
-# QA and tool calls pass since the bigram copy circuit (session 6), JSON values and tool-result
-# sentences since the pointer head (session 7; held-out 86% and 90% exact, 50 per family).
+# QA and tool calls pass since the bigram copy circuit, JSON values and tool-result
+# sentences since the pointer head (held-out 86% and 90% exact, 50 per family).
 @pytest.mark.parametrize("family", ["qa", "tool_call", "json", "tool_result"])
 def test_answers_held_out_prompts(family):
     llm = LLM()
@@ -51,7 +51,7 @@ def test_answers_held_out_prompts(family):
 
 def test_says_so_when_the_answer_is_not_in_the_context():
     """RAG's other half: no made-up answer. The 10 held-out questions (of 200) about an attribute
-    nobody in the context has; the session-21 model refuses 9 at its defaults, as s6 did before it
+    nobody in the context has; the shipped model refuses 9 at its defaults, as s6 did before it
     (s5, shipped before s6, refused 5)."""
     llm = LLM()
     examples = [e for e in held_out(200) if e.family == "qa" and e.target == NOT_IN_CONTEXT

@@ -70,7 +70,7 @@ def test_engine_keeps_serving_after_bad_requests():
     assert len(out.token_ids) <= 8 and out.num_forward_passes >= 1
 
 
-# -- found by driving the API and CLI with odd input (session 12); each was a traceback or a leak --
+# -- found by driving the API and CLI with odd input; each was a traceback or a leak --
 
 def test_text_that_is_not_utf8_is_encoded_not_a_type_error():
     llm = LLM()

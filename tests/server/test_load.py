@@ -103,7 +103,7 @@ async def test_64_concurrent_clients_complete_and_match_their_solo_runs(server):
     after = _counters(metrics)
     passes, steps = (after[k] - before[k] for k in ("dlm_forward_passes_total", "dlm_engine_steps_total"))
     # Without batching the ratio is 1.0. It depends on how requests arriving over HTTP overlap on
-    # 2 cores, so the bar only proves batching: measured 1.97 (329 over 167) with the session-7
+    # 2 cores, so the bar only proves batching: measured 1.97 (329 over 167) with an earlier
     # model, 1.47 (267 over 182) to about 1.6 with s6, whose replies take fewer passes. The
     # throughput figure itself is benchmarks/bench_serving.py's.
     assert passes > 1.2 * steps, (passes, steps)
