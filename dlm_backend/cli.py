@@ -106,20 +106,23 @@ def cmd_serve(args) -> int:
     import uvicorn
 
     from dlm_backend.server import create_app
+    from dlm_backend.server.config import LOOPBACK_NAMES
+    from dlm_backend.server.connections import GuardedH11Protocol
 
     api_key = args.api_key or os.environ.get("DLM_API_KEY") or None
-    if args.host not in ("127.0.0.1", "localhost", "::1") and not api_key:
-        print(f"warning: serving on {args.host} without an API key; anyone who can reach this port can "
-              "use the model. Set --api-key or DLM_API_KEY.", file=sys.stderr)
+    loopback = args.host in LOOPBACK_NAMES
+    if not loopback and not api_key and not args.allow_unauthenticated:
+        raise DLMError(f"Serving on {args.host} without an API key lets anyone who can reach this port use the "
+                       "model. Set --api-key (or DLM_API_KEY), or pass --allow-unauthenticated if that is intended.")
     limits = EngineLimits(**{f.name: getattr(args, f.name) for f in fields(EngineLimits)})
     config = ServerConfig(model=args.model, served_name=args.served_model_name, device=args.device,
                           dtype=args.dtype, api_key=api_key, max_body_bytes=args.max_body_bytes,
                           max_tokens_limit=args.max_tokens_limit, max_prompt_tokens=args.max_prompt_tokens,
-                          limits=limits)
+                          limits=limits, allowed_hosts=list(LOOPBACK_NAMES) if loopback and not api_key else None)
     app = create_app(config=config)
     if not args.lazy:
         app.state.llm()           # load before accepting connections
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", http=GuardedH11Protocol)
     return 0
 
 
@@ -165,6 +168,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lazy", action="store_true", help="load the model on the first request")
     p.add_argument("--api-key", default=None, help="require this bearer key on every route but /health "
                    "(default: $DLM_API_KEY; none = open, fine on 127.0.0.1)")
+    p.add_argument("--allow-unauthenticated", action="store_true",
+                   help="serve on a non-loopback --host without an API key (refused otherwise)")
     defaults = ServerConfig()
     p.add_argument("--max-body-bytes", type=int, default=defaults.max_body_bytes, help="larger request bodies get 413")
     p.add_argument("--max-tokens-limit", type=int, default=defaults.max_tokens_limit,

@@ -25,7 +25,8 @@ from typing import Generator
 
 from dlm_backend.chat.messages import ChatRequest, ChatResult, normalize_messages
 from dlm_backend.chat.prompt import encode_chat
-from dlm_backend.chat.structured import JsonPlan, nearest, plan_json, plan_tool_call, validates
+from dlm_backend.chat.schema import validates
+from dlm_backend.chat.structured import JsonPlan, nearest, plan_json, plan_tool_call
 from dlm_backend.chat.tool_calls import (CLOSE, NAME_HEAD, NAME_SLOTS, OPEN, fallback_messages, normalize_tools,
                                          parse_tool_calls, tool_choice_name)
 from dlm_backend.engine.outputs import GenerationOutput

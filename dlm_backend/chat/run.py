@@ -6,6 +6,7 @@ yields, with the engine's sync or async calls, and turn a streamed pass into eve
 
 from __future__ import annotations
 
+import asyncio
 from contextlib import aclosing
 from typing import AsyncIterator, Iterator
 
@@ -25,10 +26,11 @@ def complete(llm, request: ChatRequest, plan: Plan | None = None) -> ChatResult:
 
 
 async def acomplete(llm, request: ChatRequest, plan: Plan | None = None) -> ChatResult:
-    """``complete`` without blocking the event loop."""
+    """``complete`` without blocking the event loop (reading an answer, JSON validation included,
+    runs in a worker thread)."""
     plan = plan or Plan(llm, request)
     passes, out = plan.passes(), None
-    while (step := passes.next(out)) is not None:
+    while (step := await asyncio.to_thread(passes.next, out)) is not None:
         out = (await llm.agenerate(prompt_token_ids=[plan.prompt_ids], sampling_params=step.params,
                                    response_template=step.template))[0]
     return passes.result
@@ -55,7 +57,7 @@ async def astream(llm, request: ChatRequest, plan: Plan | None = None) -> AsyncI
     """``stream`` without blocking the event loop."""
     plan = plan or Plan(llm, request)
     passes, out, events = plan.passes(stream=True), None, None
-    while (step := passes.next(out)) is not None:
+    while (step := await asyncio.to_thread(passes.next, out)) is not None:
         if not step.streamed:
             out = (await llm.agenerate(prompt_token_ids=[plan.prompt_ids], sampling_params=step.params,
                                        response_template=step.template))[0]

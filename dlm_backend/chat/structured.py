@@ -18,6 +18,7 @@ import json
 import re
 from dataclasses import dataclass, field
 
+from dlm_backend.chat.schema import check_schema, validates
 from dlm_backend.errors import DLMError
 
 STRING_SLOTS = 8
@@ -61,24 +62,6 @@ class JsonPlan:
     def matches(self, value) -> bool:
         """Whether ``value`` validates against the schema (any JSON value does for ``json_object``)."""
         return self.schema is None or validates(self.schema, value)
-
-
-def validates(schema: dict, value) -> bool:
-    """Whether ``value`` is valid against the JSON ``schema``."""
-    import jsonschema
-
-    return jsonschema.validators.validator_for(schema)(schema).is_valid(value)
-
-
-def check_schema(schema: dict) -> None:
-    """A DLMError, before anything is generated, for a schema that is not valid JSON Schema."""
-    import jsonschema
-
-    try:
-        jsonschema.validators.validator_for(schema).check_schema(schema)
-    except jsonschema.exceptions.SchemaError as exc:
-        raise DLMError(f"response_format's JSON schema is not a valid schema: {exc.message}. "
-                       "Fix the schema (https://json-schema.org).") from None
 
 
 def _coerce(raw: str, kind: str, prop: dict):
@@ -170,7 +153,7 @@ def plan_json(tokenizer, response_format: dict, max_tokens: int) -> JsonPlan:
     """Skeleton template for a templatable schema, else a ``{"`` prefix."""
     schema = schema_of(response_format)
     if schema is not None:
-        check_schema(schema)
+        check_schema(schema, "response_format")
     if schema is None or not templatable(schema):
         return JsonPlan(tokenizer.encode('{"'), schema)
     template, slots = _skeleton(tokenizer, schema)

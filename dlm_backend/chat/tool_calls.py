@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 
+from dlm_backend.chat.schema import check_schema
 from dlm_backend.errors import DLMError
 
 # A call ends at its closing tag, or where the next call opens (one missing its tag must not take
@@ -83,7 +84,8 @@ def normalize_tools(tools: list[dict] | None) -> list[dict] | None:
                            "{'name': ..., 'description': ..., 'parameters': {JSON schema}}}.")
         params = fn.get("parameters", {"type": "object", "properties": {}})
         if not isinstance(params, dict) or params.get("type", "object") != "object":
-            raise DLMError(f"Tool {fn['name']!r}: 'parameters' must be a JSON schema of type object.")
+            raise DLMError(f"Tool {fn['name']!r}: 'parameters' must be a JSON schema of type object.", param="tools")
+        check_schema(params, f"tools[{len(out)}].function.parameters")
         out.append({"type": "function", "function": {"name": fn["name"], "description": fn.get("description", ""),
                                                       "parameters": params}})
     return out

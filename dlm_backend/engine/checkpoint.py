@@ -6,8 +6,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dlm_backend.engine.config import EngineConfig
-from dlm_backend.engine.loader import load_model, read_config, resolve_checkpoint
-from dlm_backend.engine.models.base import DiffusionLM, token_ids
+from dlm_backend.engine.loader import read_config, resolve_checkpoint
+from dlm_backend.engine.weights import load_model
+from dlm_backend.engine.models.base import DiffusionLM
+from dlm_backend.engine.models.config import ConfigReader
 from dlm_backend.engine.params import checkpoint_defaults
 from dlm_backend.engine.samplers.base import TokenInfo
 from dlm_backend.engine.tokenizer import Tokenizer
@@ -46,7 +48,7 @@ def open_checkpoint(config: EngineConfig) -> Checkpoint:
 def _token_info(model: DiffusionLM, hf_config: dict, tokenizer: Tokenizer | None) -> TokenInfo:
     a, gen = model.args, hf_config.get("_generation_config", {})
     eos = set(a.eos_token_ids)
-    eos.update(token_ids(gen.get("eos_token_id")))
+    eos.update(ConfigReader(gen, "generation_config.json").token_ids("eos_token_id", a.vocab_size))
     eot: list[int] = []
     if tokenizer is not None:
         tok_eos = tokenizer.token_id(tokenizer.special_tokens.get("eos_token"))

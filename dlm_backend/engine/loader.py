@@ -11,22 +11,11 @@ import json
 import os
 from pathlib import Path
 
-import torch
-from safetensors import SafetensorError, safe_open
-from tqdm.auto import tqdm
-
-from dlm_backend.engine.models.base import DiffusionLM
 from dlm_backend.engine.models.registry import resolve_model_class
 from dlm_backend.errors import CheckpointError, ModelNotFoundError, UnsafeCheckpointError
 
 HUB_PATTERNS = ["*.json", "*.safetensors", "*.jinja", "tokenizer*"]
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
-#: Tensors some exports carry that no implementation needs: rotary tables recomputed at load, and
-#: (for a tied model) a copy of the embedding saved as the head.
-HARMLESS_EXTRAS = ("rotary_emb.inv_freq",)
-HEADS = ("lm_head.weight", "transformer.ff_out.weight")
-# Show a progress bar only when loading is slow enough to notice.
-PROGRESS_MIN_BYTES = 256 * 2**20
 
 
 #: The embedded model, shipped inside the package (see dlm_backend/training).
@@ -84,6 +73,17 @@ def resolve_checkpoint(model: str | os.PathLike, revision: str | None = None,
                                  "the network and proxy settings, or pass a local checkpoint folder.") from exc
 
 
+def _inside(folder: Path, name: str, where: str) -> Path:
+    """``folder / name``, refused when the name or a symlink leads outside the checkpoint: the folder
+    itself or, for a hub snapshot (``.../snapshots/<revision>``), its repository's cache."""
+    path = folder / name
+    root = folder.parents[1] if folder.parent.name == "snapshots" else folder
+    if Path(name).is_absolute() or not path.resolve().is_relative_to(root.resolve()):
+        raise CheckpointError(f"{where} names {name!r:.100}, which is outside the checkpoint folder {folder}; "
+                              "shards must be files inside it. Fix or re-download the checkpoint.")
+    return path
+
+
 def _offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes")
 
@@ -94,11 +94,6 @@ def read_config(folder: Path) -> dict:
         raise CheckpointError(f"{folder} has no config.json. Point at the folder that holds the "
                               "checkpoint's config.json and safetensors files.")
     config = read_json(config_path)
-    scaling = config.get("rope_scaling")
-    if scaling and (scaling.get("rope_type") or scaling.get("type")) not in (None, "default"):
-        # Loading it anyway gave the same tokens as without it: refused, not silently ignored.
-        raise CheckpointError(f"{config_path} asks for rope_scaling {scaling}; this engine implements plain "
-                              "RoPE only. Remove rope_scaling and keep prompts within max_position_embeddings.")
     generation_path = folder / "generation_config.json"
     if generation_path.is_file():
         config["_generation_config"] = read_json(generation_path)
@@ -139,7 +134,10 @@ def safetensors_files(folder: Path) -> list[Path]:
     index = folder / "model.safetensors.index.json"
     if index.is_file():
         weight_map = read_json(index).get("weight_map", {})
-        files = sorted({folder / name for name in weight_map.values()})
+        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+            raise CheckpointError(f"{index}: 'weight_map' must map tensor names to shard file names. Re-download "
+                                  "the checkpoint.")
+        files = sorted({_inside(folder, name, index.name) for name in weight_map.values()})
         missing = [f.name for f in files if not f.is_file()]
         if missing:
             raise CheckpointError(f"Shards listed in {index.name} are missing: {', '.join(missing)}. "
@@ -147,7 +145,7 @@ def safetensors_files(folder: Path) -> list[Path]:
         return files
     # HF names weights model.safetensors / model-0000i-of-0000n.safetensors; other *.safetensors
     # files in a folder (adapters, test data) are not this model's weights.
-    files = sorted(folder.glob("model*.safetensors"))
+    files = sorted(_inside(folder, f.name, "the folder") for f in folder.glob("model*.safetensors"))
     if files:
         return files
     # A hub download fetches no pickle, but a sharded one's index (pytorch_model.bin.index.json) shows it.
@@ -161,62 +159,3 @@ def safetensors_files(folder: Path) -> list[Path]:
     raise CheckpointError(f"{folder} has no model*.safetensors weights. Point at a complete checkpoint folder "
                           "(a hub repository that publishes only pickle .bin weights is not read: use one with "
                           "safetensors).")
-
-
-def default_dtype(device: torch.device) -> torch.dtype:
-    # bf16 matmuls are hundreds of times slower than fp32 on CPU cores; on GPU bf16 is the native dtype.
-    return torch.bfloat16 if device.type == "cuda" else torch.float32
-
-
-def load_model(folder: Path, config: dict, device: torch.device, dtype: torch.dtype) -> DiffusionLM:
-    """Build the registered implementation for ``config`` and fill it from the safetensors files."""
-    cls = resolve_model_class(config)
-    with torch.device("meta"):
-        model = _from_config(cls.from_config, config)
-    expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
-    files = safetensors_files(folder)
-    state: dict[str, torch.Tensor] = {}
-    shape_errors: list[str] = []
-    unexpected: list[str] = []
-    total = sum(f.stat().st_size for f in files)
-    # Read straight onto the target device; the dtype cast then runs there too.
-    target = f"cuda:{device.index or 0}" if device.type == "cuda" else str(device)
-    with tqdm(total=total, unit="B", unit_scale=True, desc="Loading weights",
-              disable=total < PROGRESS_MIN_BYTES) as bar:
-        for file in files:
-            try:
-                reader = safe_open(str(file), framework="pt", device=target)
-            except (SafetensorError, OSError) as exc:
-                raise CheckpointError(f"{file} is not a readable safetensors file ({exc}); a download may "
-                                      "have stopped part way. Re-download the checkpoint.") from None
-            with reader as f:
-                for name in f.keys():
-                    if name not in expected:
-                        unexpected.append(name)
-                        continue
-                    shape = tuple(f.get_slice(name).get_shape())
-                    if shape != expected[name]:
-                        shape_errors.append(f"{name}: expected {list(expected[name])}, found {list(shape)}")
-                        continue
-                    state[name] = f.get_tensor(name).to(dtype)
-            bar.update(file.stat().st_size)
-    # A tensor the implementation has no place for would be dropped and the logits silently wrong
-    # (e.g. LLaDA with include_bias: biases on every layer); only known leftovers are skipped.
-    tied = bool(config.get("tie_word_embeddings") or config.get("weight_tying"))
-    unexpected = [n for n in unexpected if not n.endswith(HARMLESS_EXTRAS) and not (tied and n.endswith(HEADS))]
-    if unexpected:
-        shown = ", ".join(unexpected[:8]) + (f" and {len(unexpected) - 8} more" if len(unexpected) > 8 else "")
-        raise CheckpointError(f"Tensors in {folder} that {cls.__name__} has no place for: {shown}. The "
-                              "checkpoint is of another variant than its config.json says, or not supported.")
-    missing = sorted(set(expected) - set(state) - {n.split(": ")[0] for n in shape_errors})
-    if shape_errors:
-        raise CheckpointError(f"Tensors with the wrong shape for {cls.__name__} in {folder}: "
-                              f"{'; '.join(shape_errors[:8])}. The config.json and weights disagree: "
-                              "re-download the checkpoint or fix config.json.")
-    if missing:
-        shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
-        raise CheckpointError(f"Tensors missing from {folder} for {cls.__name__}: {shown}. "
-                              "The checkpoint is incomplete or of another architecture: re-download it.")
-    model.load_state_dict(state, assign=True)
-    model.setup(device)
-    return model.eval().requires_grad_(False)

@@ -179,6 +179,9 @@ class ModelRunner:
             if cfg:
                 uncond = logits[at + n:at + 2 * n]
                 seq_logits = uncond + (seq.params.cfg_scale + 1) * (seq_logits - uncond)
+                if not bool(torch.isfinite(seq_logits).all()):     # the check above ran before guidance
+                    raise EngineError(f"Classifier-free guidance at cfg_scale={seq.params.cfg_scale} overflowed "
+                                      f"{self.dtype}; lower cfg_scale.")
             commit = seq.sampler.step(StepInput(
                 logits=seq_logits, positions=candidates, step=seq.step_in_block,
                 block_state=seq.block_state, params=seq.params,

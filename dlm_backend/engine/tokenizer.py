@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-from datetime import datetime
 from pathlib import Path
 
 import jinja2
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as HFTokenizer
 
+from dlm_backend.engine.chat_template import BoundedSandbox
 from dlm_backend.errors import TokenizerError
 
 SPECIAL_KEYS = ("bos_token", "eos_token", "pad_token", "unk_token", "mask_token")
@@ -18,15 +17,6 @@ _SENTINEL = "DLMTURNSENTINEL"
 
 def _content(token) -> str | None:
     return token.get("content") if isinstance(token, dict) else token
-
-
-def _tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-    # HF's chat-template tojson: no HTML escaping, unicode kept (Jinja's built-in escapes '<', '>').
-    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
-
-
-def _raise_exception(message):
-    raise TokenizerError(f"The chat template rejected the conversation: {message}")
 
 
 class Tokenizer:
@@ -48,25 +38,25 @@ class Tokenizer:
         self.templates = self._find_templates(folder)
         self._compiled: dict[str, jinja2.Template] = {}
         self._special_ids = {i for i, t in self._tok.get_added_tokens_decoder().items() if t.special}
-        self._env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                                  extensions=["jinja2.ext.loopcontrols"])
-        self._env.filters["tojson"] = _tojson
-        self._env.globals["raise_exception"] = _raise_exception
-        self._env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+        self._env = BoundedSandbox()
 
     def _find_templates(self, folder: Path) -> dict[str, str]:
         """Name -> template; ``default`` is the plain one. A list in tokenizer_config.json names them
         (``[{"name": "default", ...}, {"name": "tool_use", ...}]``), as Hugging Face reads it."""
         jinja_file = folder / "chat_template.jinja"
         if jinja_file.is_file():
-            return {"default": jinja_file.read_text()}
+            return {"default": jinja_file.read_text(errors="replace")}
         template = self.config.get("chat_template")
         if isinstance(template, list):
             named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict) and t.get("template")}
             if named and "default" not in named:
                 named["default"] = next(iter(named.values()))
-            return named
-        return {"default": template} if template else {}
+        else:
+            named = {"default": template} if template else {}
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in named.items()):
+            raise TokenizerError(f"{folder / 'tokenizer_config.json'}: 'chat_template' must be a string or a list "
+                                 "of {'name': str, 'template': str}. Fix the file.")
+        return named
 
     @property
     def chat_template(self) -> str | None:
@@ -108,21 +98,14 @@ class Tokenizer:
                                  "'chat_template' or chat_template.jinja). Use generate() with a raw "
                                  "prompt, or add a chat template to the checkpoint.")
         name = "tool_use" if tools and "tool_use" in self.templates else "default"
-        try:
-            if name not in self._compiled:
+        if name not in self._compiled:
+            try:
                 self._compiled[name] = self._env.from_string(self.templates[name])
-            # the caller's values win over the checkpoint's special tokens, as in transformers
-            return self._compiled[name].render(messages=messages, tools=tools or None,
-                                               add_generation_prompt=add_generation_prompt,
-                                               **{**self.special_tokens, **kwargs})
-        except TokenizerError:
-            raise
-        except jinja2.exceptions.SecurityError as exc:
-            raise TokenizerError(f"The chat template tried an unsafe operation and was stopped by the "
-                                 f"sandbox: {exc}. Use a trusted checkpoint's template.") from exc
-        except jinja2.TemplateError as exc:
-            raise TokenizerError(f"The chat template failed to render: {exc}. Check the messages' roles "
-                                 "and content, or fix the template.") from exc
+            except (jinja2.TemplateError, RecursionError, ValueError) as exc:
+                raise TokenizerError(f"The chat template does not compile: {str(exc)[:200]}. Fix the template.") from None
+        # the caller's values win over the checkpoint's special tokens, as in transformers
+        return self._env.render(self._compiled[name], messages=messages, tools=tools or None,
+                                add_generation_prompt=add_generation_prompt, **{**self.special_tokens, **kwargs})
 
     def end_of_turn_ids(self) -> list[int]:
         """Special tokens the template writes right after an assistant message (e.g. <|eot_id|>)."""

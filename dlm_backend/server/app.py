@@ -21,12 +21,12 @@ from fastapi.responses import Response
 from dlm_backend import chat
 from dlm_backend.engine.config import check_dtype
 from dlm_backend.errors import DLMError
-from dlm_backend.llm import LLM
 from dlm_backend.server.config import ServerConfig
-from dlm_backend.server.errors import Busy, error_response, install_handlers
+from dlm_backend.server.errors import error_response, install_handlers
 from dlm_backend.server.metrics import CONTENT_TYPE, make_registry, metrics_text
 from dlm_backend.server.protocol import ChatCompletionRequest, CompletionRequest
-from dlm_backend.server.security import APIKeyMiddleware, BodyLimitMiddleware
+from dlm_backend.server.model import ServedModel
+from dlm_backend.server.security import APIKeyMiddleware, BodyLimitMiddleware, HostCheckMiddleware
 from dlm_backend.server.stream import ClosingStreamingResponse, chat_events, completion_events
 
 DISCONNECT_POLL_S = 0.25
@@ -37,53 +37,34 @@ def create_app(model: str | None = None, served_name: str | None = None, device:
     """The app for one model; it loads on the first request (or at startup with ``app.state.llm()``)."""
     cfg = config or ServerConfig(model=model, served_name=served_name, device=device)
     check_dtype(cfg.dtype)                 # before serving, even with --lazy
-    state: dict = {}
+    served = ServedModel(cfg)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI):
         yield
-        if "llm" in state:                 # the server's handle on the shared engine goes back
-            state.pop("llm").close()
+        served.close()                   # the server's handle on the shared engine goes back
 
     app = FastAPI(title="dlm_backend", version="0.1.0", lifespan=lifespan)
     names = cfg.served_names
-
-    def llm() -> LLM:
-        if "llm" not in state:
-            state["llm"] = LLM(cfg.model, device=cfg.device, dtype=cfg.dtype, **vars(cfg.limits))
-        return state["llm"]
-
-    app.state.llm = llm
+    app.state.llm = served.llm
+    app.state.served = served
     app.state.config = cfg
-    registry = make_registry(lambda: state["llm"].engine if "llm" in state else None)
+    registry = make_registry(lambda: served.loaded.engine if served.loaded else None)
     app.add_middleware(BodyLimitMiddleware, max_bytes=cfg.max_body_bytes)
     if cfg.api_key:
         app.add_middleware(APIKeyMiddleware, api_key=cfg.api_key)
+    elif cfg.allowed_hosts:
+        app.add_middleware(HostCheckMiddleware, allowed=cfg.allowed_hosts)
     install_handlers(app)
 
-    def admit(prompt_ids: list[int], params, template: list | None = None) -> None:
-        """Server limits and the engine's own checks, before anything is queued or a 200 goes out
-        (a streamed response's errors would otherwise arrive as an event after a 200)."""
-        if params.max_tokens > cfg.max_tokens_limit:
-            raise DLMError(f"max_tokens {params.max_tokens} is over this server's limit of {cfg.max_tokens_limit}; "
-                           "ask for fewer tokens.", param="max_tokens")
-        if cfg.max_prompt_tokens is not None and len(prompt_ids) > cfg.max_prompt_tokens:
-            raise DLMError(f"The prompt has {len(prompt_ids)} tokens, over this server's limit of "
-                           f"{cfg.max_prompt_tokens}; shorten it (fewer documents or turns).")
-        llm().engine.check(prompt_ids, params, template)
-        if llm().engine.is_full:
-            raise Busy(f"The server is at capacity ({cfg.limits.max_waiting} requests queued); retry shortly.")
-
-    async def prepare(body):
-        """The body's knobs as SamplingParams, after the model check; loads a --lazy model off the loop."""
+    async def knobs_of(body) -> dict:
+        """The body's sampling knobs, after the model check, with the model loaded (off the loop)."""
         if body.model is not None and body.model not in names:
             raise _NotServed(body.model)
         chat.refuse_unsupported(body.model_dump(exclude_unset=True))
         knobs = body.knobs()
-        await asyncio.to_thread(llm)
-        if "max_tokens" not in knobs:    # the default canvas, within this server's limit
-            knobs["max_tokens"] = min(llm().sampling_params().max_tokens, cfg.max_tokens_limit)
-        return chat.request_params(llm(), knobs, where="body")
+        await served.load()
+        return knobs
 
     @app.exception_handler(_NotServed)
     async def not_served(_: Request, exc: _NotServed):
@@ -112,17 +93,20 @@ def create_app(model: str | None = None, served_name: str | None = None, device:
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, http: Request):
-        params = await prepare(body)
-        request = chat.ChatRequest(body.messages, params, tools=body.tools, tool_choice=body.tool_choice,
-                                   response_format=body.response_format)
-        plan = chat.Plan(llm(), request)          # validates before the 200 goes out
-        admit(plan.prompt_ids, params, plan.template)
-        base = {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "created": int(time.time()), "model": body.model or names[0]}
-        if body.stream:
-            usage = bool((body.stream_options or {}).get("include_usage"))
-            return ClosingStreamingResponse(chat_events(llm(), request, plan, base, usage),
-                                            media_type="text/event-stream")
-        result = await _unless_disconnected(http, chat.acomplete(llm(), request, plan))
+        knobs = await knobs_of(body)
+        slot = served.reserve()                   # before anything is queued or a 200 goes out
+        try:
+            plan = await asyncio.to_thread(served.plan_chat, body, knobs)
+            base = {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "created": int(time.time()),
+                    "model": body.model or names[0]}
+            if body.stream:
+                usage = bool((body.stream_options or {}).get("include_usage"))
+                return ClosingStreamingResponse(chat_events(served.llm(), plan, base, usage), on_close=slot.release,
+                                                media_type="text/event-stream")
+            result = await _unless_disconnected(http, chat.acomplete(served.llm(), plan.request, plan))
+        finally:
+            if not body.stream:
+                slot.release()
         if result is None:
             return Response(status_code=499)
         message = {"role": "assistant", "content": result.content if not result.tool_calls else (result.content or None)}
@@ -134,19 +118,25 @@ def create_app(model: str | None = None, served_name: str | None = None, device:
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, http: Request):
-        params = await prepare(body)
+        knobs = await knobs_of(body)
         one = isinstance(body.prompt, str) or (body.prompt and isinstance(body.prompt[0], int))
         prompts = [body.prompt] if one else body.prompt
         if len(prompts) != 1:
             raise DLMError("Send one prompt per request (batch by sending concurrent requests).", param="prompt")
-        ids = llm().tokenizer.encode(prompts[0]) if isinstance(prompts[0], str) else prompts[0]
-        admit(ids, params)
-        base = {"id": f"cmpl-{uuid.uuid4().hex[:24]}", "created": int(time.time()), "model": body.model or names[0]}
-        if body.stream:
-            usage = bool((body.stream_options or {}).get("include_usage"))
-            return ClosingStreamingResponse(completion_events(llm(), ids, params, base, usage),
-                                            media_type="text/event-stream")
-        outs = await _unless_disconnected(http, llm().agenerate(prompt_token_ids=[ids], sampling_params=params))
+        slot = served.reserve()
+        try:
+            ids, params = await asyncio.to_thread(served.prompt_ids, prompts[0], knobs)
+            base = {"id": f"cmpl-{uuid.uuid4().hex[:24]}", "created": int(time.time()),
+                    "model": body.model or names[0]}
+            if body.stream:
+                usage = bool((body.stream_options or {}).get("include_usage"))
+                return ClosingStreamingResponse(completion_events(served.llm(), ids, params, base, usage),
+                                                on_close=slot.release, media_type="text/event-stream")
+            outs = await _unless_disconnected(http, served.llm().agenerate(prompt_token_ids=[ids],
+                                                                           sampling_params=params))
+        finally:
+            if not body.stream:
+                slot.release()
         if outs is None:
             return Response(status_code=499)
         out = outs[0]

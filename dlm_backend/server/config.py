@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from dlm_backend.engine.config import EngineLimits
 from dlm_backend.engine.loader import default_model
 
+LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1", "[::1]")
+
 
 @dataclass
 class ServerConfig:
@@ -21,6 +23,9 @@ class ServerConfig:
     max_tokens_limit: int = 4096            # largest max_tokens a request may ask for
     max_prompt_tokens: int | None = None    # default: the model's context minus max_tokens
     limits: EngineLimits = field(default_factory=EngineLimits)
+    #: Host header values accepted when no API key is set (DNS rebinding: a web page's script can
+    #: reach a loopback server under its own host name); None checks nothing.
+    allowed_hosts: list[str] | None = field(default_factory=lambda: list(LOOPBACK_NAMES))
 
     @property
     def served_names(self) -> list[str]:

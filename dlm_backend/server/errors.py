@@ -3,16 +3,22 @@ that map every failure to one: the openai client raises its own typed exceptions
 
 from __future__ import annotations
 
+import logging
+
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from dlm_backend.errors import ContextLengthError, DLMError, EngineError, QueueFullError
+from dlm_backend.server.model import Busy, Unavailable
+
+log = logging.getLogger("dlm_backend.server")
 
 #: HTTP status -> OpenAI error type.
 TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "invalid_request_error",
-         413: "invalid_request_error", 429: "rate_limit_error", 500: "server_error", 503: "server_error"}
+         413: "invalid_request_error", 421: "invalid_request_error", 429: "rate_limit_error", 500: "server_error",
+         503: "server_error"}
 
 
 def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict:
@@ -23,10 +29,6 @@ def error_body(status: int, message: str, param: str | None = None, code: str | 
 def error_response(status: int, message: str, param: str | None = None, code: str | None = None,
                    headers: dict | None = None) -> JSONResponse:
     return JSONResponse(status_code=status, content=error_body(status, message, param, code), headers=headers)
-
-
-class Busy(Exception):
-    """The server is at capacity: 429 with Retry-After."""
 
 
 def install_handlers(app: FastAPI) -> None:
@@ -42,6 +44,10 @@ def install_handlers(app: FastAPI) -> None:
     async def busy(_: Request, exc: Exception):
         return error_response(429, str(exc) or "The server is busy; retry shortly.", code="rate_limit_exceeded",
                               headers={"Retry-After": "1"})
+
+    @app.exception_handler(Unavailable)
+    async def unavailable(_: Request, exc: Unavailable):
+        return error_response(503, str(exc), headers={"Retry-After": "5"})
 
     @app.exception_handler(EngineError)
     async def engine_error(_: Request, exc: EngineError):
@@ -60,4 +66,5 @@ def install_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def internal_error(_: Request, exc: Exception):
+        log.error("internal error: %s: %s", type(exc).__name__, exc)
         return error_response(500, f"Internal error ({type(exc).__name__}); the server keeps running.")

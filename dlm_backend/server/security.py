@@ -89,3 +89,33 @@ class BodyLimitMiddleware:
         except BodyTooLarge:
             if not started:
                 await _send_error(send, 413, self._message())
+
+
+class HostCheckMiddleware:
+    """Refuse requests whose Host header is not one of ``allowed`` (421), the port ignored.
+
+    A server without an API key on loopback is reachable by any web page's script under that page's
+    own host name once DNS rebinding points it at 127.0.0.1; checking the Host header stops that.
+    ``/health`` stays open for probes.
+    """
+
+    def __init__(self, app, allowed: list[str]):
+        self.app, self.allowed = app, {h.lower() for h in allowed}
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
+            return await self.app(scope, receive, send)
+        host = dict(scope["headers"]).get(b"host", b"").decode("latin-1").lower()
+        if _host_name(host) not in self.allowed:
+            return await _send_error(send, 421, f"Host {host!r} is not served here (allowed: "
+                                     f"{', '.join(sorted(self.allowed))}). Use one of those, or start the server "
+                                     "with an API key.")
+        return await self.app(scope, receive, send)
+
+
+def _host_name(host: str) -> str:
+    """The name part of a Host header: '127.0.0.1:8000' -> '127.0.0.1', '[::1]:8000' -> '[::1]'."""
+    if host.startswith("["):
+        return host[:host.find("]") + 1] if "]" in host else host
+    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+

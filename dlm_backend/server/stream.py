@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from contextlib import aclosing
 from typing import AsyncIterator
 
@@ -13,14 +14,21 @@ from dlm_backend import chat
 from dlm_backend.errors import DLMError, EngineError
 from dlm_backend.server.errors import error_body
 
+log = logging.getLogger("dlm_backend.server")
+
 
 class ClosingStreamingResponse(StreamingResponse):
-    """A stream that closes its body generator however it ends.
+    """A stream that closes its body generator however it ends, then calls ``on_close``.
 
     When the client leaves, Starlette cancels the streaming task but leaves the generator suspended
     for the garbage collector to finalize, so its engine request could run on for nobody until then
-    (the load test saw a dropped stream run to the end). Closing it here aborts the request at once.
+    (the load test saw a dropped stream run to the end). Closing it here aborts the request at once;
+    ``on_close`` gives the request's server slot back even if the stream never started.
     """
+
+    def __init__(self, content, on_close=None, **kwargs):
+        super().__init__(content, **kwargs)
+        self.on_close = on_close
 
     async def stream_response(self, send) -> None:
         try:
@@ -28,6 +36,8 @@ class ClosingStreamingResponse(StreamingResponse):
         finally:
             with anyio.CancelScope(shield=True):     # the task is being cancelled: still close
                 await self.body_iterator.aclose()
+            if self.on_close is not None:
+                self.on_close()
 
 
 def sse(obj) -> str:
@@ -37,22 +47,26 @@ def sse(obj) -> str:
 DONE = "data: [DONE]\n\n"
 
 
-def sse_error(exc: DLMError) -> str:
+def sse_error(exc: Exception) -> str:
     """An error after the 200 went out: OpenAI clients raise on an ``error`` event."""
+    if not isinstance(exc, DLMError):
+        log.error("stream failed: %s: %s", type(exc).__name__, exc)
+        exc = EngineError(f"Internal error ({type(exc).__name__}); the server keeps running.")
     return sse(error_body(500 if isinstance(exc, EngineError) else 400, str(exc), getattr(exc, "param", None)))
 
 
-async def chat_events(llm, request, plan, base: dict, include_usage: bool) -> AsyncIterator[str]:
-    """A streamed chat completion: role, content and tool-call deltas, finish, usage, [DONE]."""
+async def chat_events(llm, plan, base: dict, include_usage: bool) -> AsyncIterator[str]:
+    """A streamed chat completion: role, content and tool-call deltas, finish, usage, [DONE]; a
+    failure after the 200 is an error event, then [DONE]."""
     base = {**base, "object": "chat.completion.chunk"}
     yield sse({**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]})
     try:
         # aclosing: an early close (client gone) reaches the engine stream and aborts its request.
-        async with aclosing(chat.astream(llm, request, plan)) as deltas:
+        async with aclosing(chat.astream(llm, plan.request, plan)) as deltas:
             async for delta in deltas:
                 for event in _chat_event(base, delta, include_usage):
                     yield event
-    except DLMError as exc:
+    except Exception as exc:  # noqa: BLE001 - every failure reaches the client as an event
         yield sse_error(exc)
     yield DONE
 
@@ -81,6 +95,6 @@ async def completion_events(llm, ids, params, base: dict, include_usage: bool) -
                                                     "logprobs": None}]})
                 if chunk.finished and include_usage:
                     yield sse({**base, "choices": [], "usage": chunk.output.usage})
-    except DLMError as exc:
+    except Exception as exc:  # noqa: BLE001
         yield sse_error(exc)
     yield DONE

@@ -95,7 +95,7 @@ def test_lazy_server_first_request(fresh_model):
 
     async def post():
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
             r = await client.post("/v1/chat/completions", json={"model": "m", "messages": MESSAGES, **KNOBS})
             assert r.status_code == 200, r.text
     assert_loaded_off_the_loop(post, threads)

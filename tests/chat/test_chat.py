@@ -306,7 +306,7 @@ def test_json_without_skeleton_is_validated_against_the_schema(dream_chat):
     assert plan.parse(llm.tokenizer, [], '{"cities": [')[0] is None
     loose = plan_json(llm.tokenizer, {"type": "json_object"}, 32)
     assert loose.parse(llm.tokenizer, [], '{"any": 1}')[0] == {"any": 1}
-    with pytest.raises(DLMError, match="not a valid schema: 'two' is not of type 'integer'"):
+    with pytest.raises(DLMError, match="not a valid JSON schema: 'two' is not of type 'integer'"):
         plan_json(llm.tokenizer, {"type": "json_schema", "json_schema": {"name": "x", "schema": {
             "type": "object", "properties": {"a": {"type": "array", "minItems": "two"}}}}}, 32)
 

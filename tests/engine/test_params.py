@@ -121,10 +121,3 @@ def test_devices_the_machine_lacks_are_named():
     if not torch.cuda.is_available():
         with pytest.raises(DLMError, match="no CUDA GPU"):
             LLM(device="cuda")
-
-
-def test_eval_refuses_an_empty_slice():
-    from dlm_backend.training.evaluate import evaluate
-    for bad in (0, True, 2.5):
-        with pytest.raises(DLMError, match="give 1 or more"):
-            evaluate(per_family=bad)

@@ -213,7 +213,8 @@ def test_client_leaving_while_an_event_is_being_sent_aborts_at_once(dream_chat):
     scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
              "method": "POST", "path": CHAT, "raw_path": CHAT.encode(), "query_string": b"", "root_path": "",
              "scheme": "http", "server": ("127.0.0.1", 80), "client": ("127.0.0.1", 1),
-             "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]}
+             "headers": [(b"host", b"127.0.0.1"), (b"content-type", b"application/json"),
+                         (b"content-length", str(len(payload)).encode())]}
 
     async def scenario():
         stuck, sent = asyncio.Event(), []
@@ -303,8 +304,8 @@ def test_the_served_name_follows_dlm_model(dream_chat, monkeypatch):
     from fastapi.testclient import TestClient
 
     monkeypatch.setenv("DLM_MODEL", str(dream_chat))
-    with TestClient(create_app()) as client:
+    with TestClient(create_app(), base_url="http://localhost") as client:
         assert [m["id"] for m in client.get("/v1/models").json()["data"]] == [dream_chat.name]
     monkeypatch.delenv("DLM_MODEL")
-    with TestClient(create_app()) as client:
+    with TestClient(create_app(), base_url="http://localhost") as client:
         assert [m["id"] for m in client.get("/v1/models").json()["data"]] == ["dlm-tiny"]

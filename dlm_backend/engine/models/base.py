@@ -37,13 +37,6 @@ class ModelArgs:
         return self.hidden_size // self.num_heads
 
 
-def token_ids(value) -> tuple[int, ...]:
-    """A config's token id entry (int, list or null) as a tuple."""
-    if value is None:
-        return ()
-    return tuple(value) if isinstance(value, (list, tuple)) else (value,)
-
-
 class DiffusionLM(nn.Module, metaclass=ABCMeta):
     """Base of native model implementations.
 

@@ -11,7 +11,8 @@ import torch
 from torch import nn
 
 from dlm_backend.engine.layers import RMSNorm, attention, rotate_qk, swiglu
-from dlm_backend.engine.models.base import DiffusionLM, ModelArgs, token_ids
+from dlm_backend.engine.models.base import DiffusionLM, ModelArgs
+from dlm_backend.engine.models.config import MAX_HEADS, MAX_LAYERS, MAX_POSITIONS, MAX_VOCAB, ConfigReader
 
 
 class DreamAttention(nn.Module):
@@ -85,22 +86,21 @@ class DreamModel(DiffusionLM):
 
     @classmethod
     def args_from_config(cls, c: dict) -> ModelArgs:
+        r = ConfigReader(c)
+        r.rope_scaling()
+        vocab = r.int("vocab_size", high=MAX_VOCAB)
+        hidden, heads = r.int("hidden_size"), r.int("num_attention_heads", high=MAX_HEADS)
+        kv_heads = r.int("num_key_value_heads", default=heads, high=MAX_HEADS)
+        r.heads(hidden, heads, kv_heads)
         return ModelArgs(
-            vocab_size=c["vocab_size"],
-            hidden_size=c["hidden_size"],
-            num_layers=c["num_hidden_layers"],
-            num_heads=c["num_attention_heads"],
-            num_kv_heads=c.get("num_key_value_heads") or c["num_attention_heads"],
-            intermediate_size=c["intermediate_size"],
-            max_positions=c.get("max_position_embeddings", 32768),
-            rope_theta=c.get("rope_theta", 10000.0),
-            norm_eps=c.get("rms_norm_eps", 1e-6),
-            mask_token_id=c.get("mask_token_id", 151666),
-            eos_token_ids=token_ids(c.get("eos_token_id")),
-            pad_token_id=c.get("pad_token_id"),
-            bos_token_id=c.get("bos_token_id"),
-            tie_word_embeddings=bool(c.get("tie_word_embeddings", False)),
-        )
+            vocab_size=vocab, hidden_size=hidden, num_layers=r.int("num_hidden_layers", high=MAX_LAYERS),
+            num_heads=heads, num_kv_heads=kv_heads, intermediate_size=r.int("intermediate_size"),
+            max_positions=r.int("max_position_embeddings", default=32768, high=MAX_POSITIONS),
+            rope_theta=r.float("rope_theta", default=10000.0), norm_eps=r.float("rms_norm_eps", default=1e-6, high=1),
+            mask_token_id=r.int("mask_token_id", default=min(151666, vocab - 1), low=0, high=vocab - 1),
+            eos_token_ids=r.token_ids("eos_token_id", vocab), pad_token_id=r.token_id("pad_token_id", vocab),
+            bos_token_id=r.token_id("bos_token_id", vocab),
+            tie_word_embeddings=r.bool("tie_word_embeddings"))
 
     @classmethod
     def from_config(cls, c: dict) -> "DreamModel":

@@ -10,7 +10,8 @@ import torch
 from torch import nn
 
 from dlm_backend.engine.layers import RMSNorm, attention, rotate_qk, swiglu
-from dlm_backend.engine.models.base import DiffusionLM, ModelArgs, token_ids
+from dlm_backend.engine.models.base import DiffusionLM, ModelArgs
+from dlm_backend.engine.models.config import MAX_HEADS, MAX_LAYERS, MAX_POSITIONS, MAX_VOCAB, ConfigReader
 
 
 class LLaDABlock(nn.Module):
@@ -69,26 +70,27 @@ class LLaDAModelLM(DiffusionLM):
 
     @classmethod
     def args_from_config(cls, c: dict) -> ModelArgs:
+        r = ConfigReader(c)
+        r.rope_scaling()
+        vocab = r.int("vocab_size", "embedding_size", high=MAX_VOCAB)
+        hidden, heads = r.int("d_model"), r.int("n_heads", high=MAX_HEADS)
+        kv_heads = r.int("n_kv_heads", default=heads, high=MAX_HEADS)
+        r.heads(hidden, heads, kv_heads)
+        mlp = c.get("mlp_hidden_size") or r.int("mlp_ratio", high=64) * hidden
         return ModelArgs(
-            vocab_size=c.get("embedding_size") or c["vocab_size"],
-            hidden_size=c["d_model"],
-            num_layers=c["n_layers"],
-            num_heads=c["n_heads"],
-            num_kv_heads=c.get("n_kv_heads") or c["n_heads"],
-            intermediate_size=c.get("mlp_hidden_size") or c["mlp_ratio"] * c["d_model"],
-            max_positions=c.get("max_sequence_length", 4096),
-            rope_theta=c.get("rope_theta", 10000.0),
-            norm_eps=c.get("rms_norm_eps", 1e-5),
-            mask_token_id=c.get("mask_token_id", 126336),
-            eos_token_ids=token_ids(c.get("eos_token_id")),
-            pad_token_id=c.get("pad_token_id"),
-            bos_token_id=c.get("bos_token_id"),
-            tie_word_embeddings=bool(c.get("weight_tying", False)),
-        )
+            vocab_size=vocab, hidden_size=hidden, num_layers=r.int("n_layers", high=MAX_LAYERS), num_heads=heads,
+            num_kv_heads=kv_heads, intermediate_size=r.int("mlp_hidden_size", default=mlp),
+            max_positions=r.int("max_sequence_length", default=4096, high=MAX_POSITIONS),
+            rope_theta=r.float("rope_theta", default=10000.0), norm_eps=r.float("rms_norm_eps", default=1e-5, high=1),
+            mask_token_id=r.int("mask_token_id", default=126336, low=0, high=vocab - 1),
+            eos_token_ids=r.token_ids("eos_token_id", vocab), pad_token_id=r.token_id("pad_token_id", vocab),
+            bos_token_id=r.token_id("bos_token_id", vocab),
+            tie_word_embeddings=r.bool("weight_tying"))
 
     @classmethod
     def from_config(cls, c: dict) -> "LLaDAModelLM":
-        return cls(cls.args_from_config(c), qkv_bias=bool(c.get("include_qkv_bias") or c.get("include_bias")))
+        r = ConfigReader(c)
+        return cls(cls.args_from_config(c), qkv_bias=r.bool("include_qkv_bias") or r.bool("include_bias"))
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         t = self.model.transformer

@@ -1,0 +1,95 @@
+"""Weights into a model: built on the meta device, filled straight from safetensors on the target
+device and dtype, every tensor accounted for (a missing, unexpected or misshapen one is an error)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError, safe_open
+from tqdm.auto import tqdm
+
+from dlm_backend.engine.loader import _from_config, safetensors_files
+from dlm_backend.engine.models.base import DiffusionLM
+from dlm_backend.engine.models.registry import resolve_model_class
+from dlm_backend.errors import CheckpointError
+
+#: Tensors some exports carry that no implementation needs: rotary tables recomputed at load, and
+#: (for a tied model) a copy of the embedding saved as the head.
+HARMLESS_EXTRAS = ("rotary_emb.inv_freq",)
+HEADS = ("lm_head.weight", "transformer.ff_out.weight")
+# Show a progress bar only when loading is slow enough to notice.
+PROGRESS_MIN_BYTES = 256 * 2**20
+_LAYER_INDEX = re.compile(r"\.(?:layers|blocks|h)\.(\d+)\.")
+
+
+def _open(file: Path, target: str):
+    try:
+        return safe_open(str(file), framework="pt", device=target)
+    except (SafetensorError, OSError) as exc:
+        raise CheckpointError(f"{file} is not a readable safetensors file ({exc}); a download may have stopped "
+                              "part way. Re-download the checkpoint.") from None
+
+
+def _check_layer_count(files: list[Path], num_layers: int, folder: Path) -> None:
+    """The config's layer count against the layers the weights hold, read from the files' headers
+    before anything is built (``num_hidden_layers: 10000000`` built layers for hours)."""
+    indices = set()
+    for file in files:
+        with _open(file, "cpu") as f:
+            indices.update(int(m.group(1)) for name in f.keys() if (m := _LAYER_INDEX.search(name)))
+    found = max(indices) + 1 if indices else 0
+    if indices and found != num_layers:
+        raise CheckpointError(f"{folder}/config.json says {num_layers} layers but the weights hold {found}. The "
+                              "config.json and weights disagree: fix num_hidden_layers or re-download.")
+
+
+def load_model(folder: Path, config: dict, device: torch.device, dtype: torch.dtype) -> DiffusionLM:
+    """Build the registered implementation for ``config`` and fill it from the safetensors files."""
+    cls = resolve_model_class(config)
+    files = safetensors_files(folder)
+    _check_layer_count(files, _from_config(cls.args_from_config, config).num_layers, folder)
+    with torch.device("meta"):
+        model = _from_config(cls.from_config, config)
+    expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    state: dict[str, torch.Tensor] = {}
+    shape_errors: list[str] = []
+    unexpected: list[str] = []
+    total = sum(f.stat().st_size for f in files)
+    # Read straight onto the target device; the dtype cast then runs there too.
+    target = f"cuda:{device.index or 0}" if device.type == "cuda" else str(device)
+    with tqdm(total=total, unit="B", unit_scale=True, desc="Loading weights",
+              disable=total < PROGRESS_MIN_BYTES) as bar:
+        for file in files:
+            with _open(file, target) as f:
+                for name in f.keys():
+                    if name not in expected:
+                        unexpected.append(name)
+                        continue
+                    shape = tuple(f.get_slice(name).get_shape())
+                    if shape != expected[name]:
+                        shape_errors.append(f"{name}: expected {list(expected[name])}, found {list(shape)}")
+                        continue
+                    state[name] = f.get_tensor(name).to(dtype)
+            bar.update(file.stat().st_size)
+    # A tensor the implementation has no place for would be dropped and the logits silently wrong
+    # (e.g. LLaDA with include_bias: biases on every layer); only known leftovers are skipped.
+    tied = bool(config.get("tie_word_embeddings") or config.get("weight_tying"))
+    unexpected = [n for n in unexpected if not n.endswith(HARMLESS_EXTRAS) and not (tied and n.endswith(HEADS))]
+    if unexpected:
+        shown = ", ".join(unexpected[:8]) + (f" and {len(unexpected) - 8} more" if len(unexpected) > 8 else "")
+        raise CheckpointError(f"Tensors in {folder} that {cls.__name__} has no place for: {shown}. The "
+                              "checkpoint is of another variant than its config.json says, or not supported.")
+    missing = sorted(set(expected) - set(state) - {n.split(": ")[0] for n in shape_errors})
+    if shape_errors:
+        raise CheckpointError(f"Tensors with the wrong shape for {cls.__name__} in {folder}: "
+                              f"{'; '.join(shape_errors[:8])}. The config.json and weights disagree: "
+                              "re-download the checkpoint or fix config.json.")
+    if missing:
+        shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
+        raise CheckpointError(f"Tensors missing from {folder} for {cls.__name__}: {shown}. "
+                              "The checkpoint is incomplete or of another architecture: re-download it.")
+    model.load_state_dict(state, assign=True)
+    model.setup(device)
+    return model.eval().requires_grad_(False)

@@ -1,0 +1,119 @@
+"""The model behind one server: loaded once off the event loop, its limits, and the slots it holds.
+
+A request takes a slot before anything is queued or a 200 goes out, and gives it back when its
+response ends (a stream: when the stream closes, however it closes). The slots are the engine's
+capacity, ``max_num_seqs`` running plus ``max_waiting`` queued, so a burst past it is a 429 with
+Retry-After at once, never a 200 whose stream then carries an error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+
+from dlm_backend import chat
+from dlm_backend.errors import DLMError
+from dlm_backend.llm import LLM
+from dlm_backend.server.config import ServerConfig
+
+log = logging.getLogger("dlm_backend.server")
+
+
+class Busy(Exception):
+    """The server is at capacity: 429 with Retry-After."""
+
+
+class Unavailable(Exception):
+    """The model could not be loaded: 503. The reason (paths included) goes to the server's log only."""
+
+
+class Slot:
+    def __init__(self, served: "ServedModel"):
+        self.served, self.held = served, True
+
+    def release(self) -> None:
+        with self.served.lock:
+            if self.held:
+                self.held = False
+                self.served.held -= 1
+
+
+class ServedModel:
+    def __init__(self, cfg: ServerConfig):
+        self.cfg = cfg
+        self.lock = threading.Lock()
+        self.held = 0
+        self._llm: LLM | None = None
+        self._load_lock = threading.Lock()
+
+    @property
+    def capacity(self) -> int:
+        return self.cfg.limits.max_num_seqs + self.cfg.limits.max_waiting
+
+    @property
+    def loaded(self) -> LLM | None:
+        return self._llm
+
+    def llm(self) -> LLM:
+        """The model, loaded on first use (a failure is a 503 here; the detail goes to the log)."""
+        if self._llm is None:
+            with self._load_lock:
+                if self._llm is None:
+                    try:
+                        self._llm = LLM(self.cfg.model, device=self.cfg.device, dtype=self.cfg.dtype,
+                                        **vars(self.cfg.limits))
+                    except DLMError as exc:
+                        log.error("the model could not be loaded: %s", exc)
+                        raise Unavailable("The model could not be loaded; the server's log says why.") from None
+        return self._llm
+
+    async def load(self) -> LLM:
+        return self._llm or await asyncio.to_thread(self.llm)
+
+    def reserve(self) -> Slot:
+        """A slot for one request, or Busy when every slot is taken."""
+        with self.lock:
+            if self.held >= self.capacity:
+                raise Busy(f"The server is at capacity ({self.cfg.limits.max_num_seqs} running, "
+                           f"{self.cfg.limits.max_waiting} queued); retry shortly.")
+            self.held += 1
+        return Slot(self)
+
+    def admit(self, prompt_ids: list[int], params, template: list | None = None) -> None:
+        """This server's limits and the engine's own checks, before anything is queued or a 200 goes
+        out (a streamed response's errors would otherwise arrive as an event after a 200)."""
+        cfg = self.cfg
+        if params.max_tokens > cfg.max_tokens_limit:
+            raise DLMError(f"max_tokens {params.max_tokens} is over this server's limit of {cfg.max_tokens_limit}; "
+                           "ask for fewer tokens.", param="max_tokens")
+        if cfg.max_prompt_tokens is not None and len(prompt_ids) > cfg.max_prompt_tokens:
+            raise DLMError(f"The prompt has {len(prompt_ids)} tokens, over this server's limit of "
+                           f"{cfg.max_prompt_tokens}; shorten it (fewer documents or turns).", param="messages")
+        self.llm().engine.check(prompt_ids, params, template)
+
+    def params(self, knobs: dict):
+        """The request's SamplingParams; no ``max_tokens`` means the default canvas within the limit."""
+        if "max_tokens" not in knobs:
+            knobs = {**knobs, "max_tokens": min(self.llm().sampling_params().max_tokens, self.cfg.max_tokens_limit)}
+        return chat.request_params(self.llm(), knobs, where="body")
+
+    def plan_chat(self, body, knobs: dict) -> chat.Plan:
+        """A chat body planned and admitted (in a worker thread: a big schema is work)."""
+        request = chat.ChatRequest(body.messages, self.params(knobs), tools=body.tools, tool_choice=body.tool_choice,
+                                   response_format=body.response_format)
+        plan = chat.Plan(self.llm(), request)
+        self.admit(plan.prompt_ids, plan.params, plan.template)
+        return plan
+
+    def prompt_ids(self, prompt, knobs: dict):
+        """A completion body's prompt ids and SamplingParams, admitted."""
+        ids = self.llm().tokenizer.encode(prompt) if isinstance(prompt, str) else prompt
+        params = self.params(knobs)
+        self.admit(ids, params)
+        return ids, params
+
+    def close(self) -> None:
+        if self._llm is not None:
+            self._llm.close()
+            self._llm = None
