@@ -12,7 +12,7 @@ from dlm_backend.engine.params import KNOB_NAMES, knob_values, unknown_field
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)    # "8" is not an integer, nor "yes" true
 
     model: str | None = None
     max_tokens: int | None = Field(default=None, ge=1)

@@ -72,7 +72,7 @@ class LLaDAModelLM(DiffusionLM):
     def args_from_config(cls, c: dict) -> ModelArgs:
         r = ConfigReader(c)
         r.rope_scaling()
-        vocab = r.int("vocab_size", "embedding_size", high=MAX_VOCAB)
+        vocab = r.int("embedding_size", "vocab_size", high=MAX_VOCAB)
         hidden, heads = r.int("d_model"), r.int("n_heads", high=MAX_HEADS)
         kv_heads = r.int("n_kv_heads", default=heads, high=MAX_HEADS)
         r.heads(hidden, heads, kv_heads)

@@ -20,6 +20,9 @@ def resolve_model_class(config: dict) -> type:
     archs = config.get("architectures") or []
     if isinstance(archs, str):          # a hand-written config: one name, not a list of them
         archs = [archs]
+    if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
+        raise UnknownArchitectureError(f"config.json 'architectures' must be a list of names, got {archs!r:.80}. "
+                                       f"Supported: {', '.join(table)}.")
     for arch in archs:
         if arch in table:
             module_name, _, class_name = table[arch].partition(":")
