@@ -15,14 +15,14 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 FIXTURES = Path(__file__).parent / "fixtures"
 # The shipped dlm-tiny gets tool calls right (96.5% held-out) but sums and list answers rarely
-# (docs/dlm-tiny/findings.md); the tests of those answers carry these marks and XPASS once a model
+# (recipes/dlm_tiny/findings.md); the tests of those answers carry these marks and XPASS once a model
 # gets them right.
 WEAK_AT_LISTS = pytest.mark.xfail(
     reason="model capability: dlm-tiny gets list answers (sort, reverse, count) wrong most of the time "
-           "(held-out, 200 per family, llada: lists 23.5%; docs/dlm-tiny/findings.md)", strict=False)
+           "(held-out, 200 per family, llada: lists 23.5%; recipes/dlm_tiny/findings.md)", strict=False)
 WEAK_AT_ARITHMETIC = pytest.mark.xfail(
     reason="model capability: dlm-tiny rarely adds right (held-out, 200 per family, llada: arithmetic "
-           "24.0%; docs/dlm-tiny/findings.md); it writes 52 for 12 + 30 (p3, an earlier shipped model, "
+           "24.0%; recipes/dlm_tiny/findings.md); it writes 52 for 12 + 30 (p3, an earlier shipped model, "
            "wrote 42 at its own defaults and XPASSed)", strict=False)
 PARITY = FIXTURES / "parity"
 

@@ -6,7 +6,7 @@ and usage arrive, retrieval finds the passage. Further tests assert the right an
 need the model to copy an unseen name or number from its prompt (the RAG answer, the tool calls and
 their arguments, the agents' final replies) pass. Two answers need skills dlm-tiny lacks: the
 LiteLLM scenarios stream a sum ("12 + 30") and the OpenAI-client one a sort ("9, 4, 7"). Those
-stay ``xfail`` with the measured reason (issue 3, docs/dlm-tiny/findings.md): one sum is right at
+stay ``xfail`` with the measured reason (issue 3, recipes/dlm_tiny/findings.md): one sum is right at
 the model's own defaults (XPASS) but is a 25% skill, and the sort is wrong.
 """
 

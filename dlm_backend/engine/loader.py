@@ -18,7 +18,7 @@ HUB_PATTERNS = ["*.json", "*.safetensors", "*.jinja", "tokenizer*"]
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 
 
-#: The embedded model, shipped inside the package (see dlm_backend/training).
+#: The embedded model, shipped inside the package (trained by recipes/dlm_tiny).
 EMBEDDED_MODEL = Path(__file__).resolve().parents[1] / "assets" / "dlm-tiny"
 
 

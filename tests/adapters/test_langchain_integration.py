@@ -2,7 +2,7 @@
 
 The xfails are the model's, not the adapter's: each needs dlm-tiny to use a tool outside its
 training catalog (magic_function, get_weather(location)), to write non-ASCII, or to write free-form
-JSON with fields it was never shown (docs/dlm-tiny/findings.md). Structure the adapter controls
+JSON with fields it was never shown (recipes/dlm_tiny/findings.md). Structure the adapter controls
 (forced tool calls, json_schema output) passes.
 """
 

@@ -70,11 +70,23 @@ class Segment:
     ``rows``: its rows in the packed tensors. ``pos_start``: canvas position of its first query row.
     ``cache``: a :class:`~dlm_backend.engine.cache.KVCache` to write the new keys/values into (at
     ``pos_start..``) and to attend over in full; ``None`` attends over the new keys only.
+    ``block_size``: ``None`` attends bidirectionally; L makes attention block-causal with blocks of
+    L aligned to position 0 (a query at position i sees a key at j iff j // L <= i // L), as the
+    block-diffusion families (LLaDA2, SDAR, Fast-dLLM v2) are trained and decoded.
     """
 
     rows: slice
     pos_start: int
     cache: object | None = None
+    block_size: int | None = None
+
+    def mask(self, n_keys: int, key_start: int, device) -> torch.Tensor | None:
+        """The bool [q, k] block-causal mask for keys at positions ``key_start..`` (None if bidirectional)."""
+        if self.block_size is None:
+            return None
+        q = torch.arange(self.pos_start, self.pos_start + self.rows.stop - self.rows.start, device=device)
+        k = torch.arange(key_start, key_start + n_keys, device=device)
+        return (k[None, :] // self.block_size) <= (q[:, None] // self.block_size)
 
 
 @dataclass
@@ -86,15 +98,18 @@ class PackedAttention:
     _meta: dict = field(default_factory=dict, repr=False)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
-        if triton_enabled():
+        if triton_enabled() and all(s.block_size is None for s in self.segments):
             return self._kernel(q, k, v, layer)
         out = torch.empty_like(q)
         for seg in self.segments:
             qs = q[seg.rows].transpose(0, 1)                                   # [H, q, D]
             ks, vs = k[seg.rows].transpose(0, 1), v[seg.rows].transpose(0, 1)  # [Hkv, q, D]
+            key_start = seg.pos_start
             if seg.cache is not None:
                 ks, vs = seg.cache.write(layer, seg.pos_start, ks, vs)         # [Hkv, L, D]
-            out[seg.rows] = sdpa(qs[None], ks[None], vs[None])[0].transpose(0, 1)
+                key_start = 0
+            mask = seg.mask(ks.shape[1], key_start, q.device)
+            out[seg.rows] = sdpa(qs[None], ks[None], vs[None], mask)[0].transpose(0, 1)
         return out
 
     def _kernel(self, q, k, v, layer: int) -> torch.Tensor:

@@ -1,1 +1,0 @@
-"""Training the embedded model: synthetic corpus, tokenizer, masked-diffusion SFT, evaluation."""

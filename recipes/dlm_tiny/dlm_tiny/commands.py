@@ -1,0 +1,56 @@
+"""`dlm train` and `dlm eval`: this recipe's ``register_commands`` hook, found through its entry point
+(``[project.entry-points.dlm_backend] dlm_tiny = "dlm_tiny.commands"``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import fields
+from pathlib import Path
+
+from dlm_backend import hookimpl
+
+
+def _train(args) -> int:
+    from dlm_tiny.train import TrainConfig, train
+
+    overrides = {f.name: getattr(args, f.name) for f in fields(TrainConfig) if getattr(args, f.name, None) is not None}
+    print(train(TrainConfig(**overrides)))
+    return 0
+
+
+def _eval(args) -> int:
+    from dlm_tiny.evaluate import default_configs, evaluate, format_table, plot, select_configs
+
+    configs = default_configs(args.max_tokens, args.block_length)
+    if args.configs:
+        configs = select_configs(configs, args.configs)
+    rows = evaluate(args.model, per_family=args.per_family, configs=configs)
+    table = format_table(rows)
+    print(table)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "eval.json").write_text(json.dumps(rows, indent=2))
+    (out / "eval.md").write_text(table + "\n")
+    if plot(rows, out / "accuracy_vs_passes.png"):
+        print(f"plot: {out / 'accuracy_vs_passes.png'}")
+    return 0
+
+
+@hookimpl
+def register_commands(subparsers):
+    from dlm_tiny.train import TrainConfig
+
+    p = subparsers.add_parser("train", help="train dlm-tiny from scratch (masked-diffusion SFT)")
+    for f in fields(TrainConfig):
+        kind = {"action": argparse.BooleanOptionalAction} if isinstance(f.default, bool) else {"type": type(f.default)}
+        p.add_argument("--" + f.name.replace("_", "-"), dest=f.name, default=None, help=f"default {f.default}", **kind)
+    p.set_defaults(func=_train)
+    p = subparsers.add_parser("eval", help="held-out quality and speed for every sampler and cache mode")
+    p.add_argument("model", nargs="?", default=None, help="checkpoint (default: $DLM_MODEL, else the embedded dlm-tiny)")
+    p.add_argument("--per-family", type=int, default=50)
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--block-length", type=int, default=32)
+    p.add_argument("--configs", default=None, help="';'-separated config labels to run (default: all)")
+    p.add_argument("--out", default="eval-results")
+    p.set_defaults(func=_eval)
