@@ -11,15 +11,6 @@ os.environ.setdefault("DLM_DISABLE_PLUGIN_AUTOLOAD", "1")
 from helpers import PARITY, make_chat_checkpoint  # noqa: E402
 
 
-def pytest_collection_modifyitems(config, items):
-    import torch
-
-    if torch.cuda.is_available():
-        return
-    skip = pytest.mark.skip(reason="gpu test: needs a CUDA device")
-    for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")

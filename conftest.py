@@ -1,0 +1,14 @@
+"""Shared by the product's tests and the recipe's: tests marked ``gpu`` skip cleanly without CUDA."""
+
+import pytest
+
+
+def pytest_collection_modifyitems(config, items):
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="gpu test: needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
