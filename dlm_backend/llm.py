@@ -30,9 +30,11 @@ class LLM:
 
     def __init__(self, model: str | None = None, *, device: str | None = None, dtype: str = "auto",
                  revision: str | None = None, kernels: str | None = None, cuda_graphs: bool | None = None,
+                 config_overrides: dict | None = None,
                  max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
                  max_model_len: int | None = None, max_waiting: int | None = None):
-        switches = {k: v for k, v in (("kernels", kernels), ("cuda_graphs", cuda_graphs)) if v is not None}
+        switches = {k: v for k, v in (("kernels", kernels), ("cuda_graphs", cuda_graphs),
+                                      ("config_overrides", config_overrides)) if v is not None}
         self.config = EngineConfig(model=str(model or default_model()), device=device, dtype=dtype,
                                    revision=revision, **switches)
         self._loop = shared.acquire(self.config, max_num_seqs=max_num_seqs, max_waiting=max_waiting,

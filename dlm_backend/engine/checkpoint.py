@@ -36,7 +36,7 @@ class Checkpoint:
 def open_checkpoint(config: EngineConfig) -> Checkpoint:
     """Resolve, read, check and load the checkpoint ``config`` names (a DLMError naming the problem)."""
     folder = resolve_checkpoint(config.model, config.revision)
-    hf_config = read_config(folder)
+    hf_config = {**read_config(folder), **config.config_overrides}
     # Checked before the weights load, so a bad file fails fast.
     defaults = checkpoint_defaults(hf_config.get("_generation_config", {}), str(folder / "generation_config.json"))
     model = load_model(folder, hf_config, config.torch_device, config.torch_dtype)
@@ -55,9 +55,16 @@ def _token_info(model: DiffusionLM, hf_config: dict, tokenizer: Tokenizer | None
         if tok_eos is not None:
             eos.add(tok_eos)
         eot = [i for i in tokenizer.end_of_turn_ids() if i not in eos]
-    bad = [f"{name} {i}" for name, ids in (("mask_token_id", [a.mask_token_id]), ("eos_token_id", eos))
+    mask = a.mask_token_id
+    if mask is None and tokenizer is not None:       # LLaDA2 keeps its mask id in the tokenizer only
+        mask = tokenizer.token_id(tokenizer.special_tokens.get("mask_token")) or tokenizer.token_id("<|mask|>")
+    if mask is None:
+        raise CheckpointError("The checkpoint names no mask token: config.json has no mask_token_id and the "
+                              "tokenizer no mask token. Add mask_token_id to config.json (or pass "
+                              "config_overrides={'mask_token_id': ...}).")
+    bad = [f"{name} {i}" for name, ids in (("mask_token_id", [mask]), ("eos_token_id", eos))
            for i in ids if not 0 <= i < a.vocab_size]
     if bad:     # else every request fails inside the engine with an IndexError
         raise CheckpointError(f"{', '.join(bad)} is outside the vocabulary (size {a.vocab_size}); fix "
                               "config.json / generation_config.json.")
-    return TokenInfo(mask_id=a.mask_token_id, eos_ids=tuple(sorted(eos)), eot_ids=tuple(eot))
+    return TokenInfo(mask_id=mask, eos_ids=tuple(sorted(eos)), eot_ids=tuple(eot))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, field, fields
 
@@ -66,11 +67,15 @@ class EngineConfig:
     revision: str | None = None
     kernels: str = field(default_factory=lambda: os.environ.get("DLM_KERNELS", "auto").strip().lower() or "auto")
     cuda_graphs: bool = field(default_factory=lambda: os.environ.get("DLM_CUDA_GRAPHS", "1") != "0")
+    #: config.json values to replace, e.g. {"mask_token_id": 156895} for a checkpoint that lacks it
+    config_overrides: dict = field(default_factory=dict)
 
     def __post_init__(self):
         check_dtype(self.dtype)
         if self.device is not None:
             check_device(self.device)
+        if not isinstance(self.config_overrides, dict):
+            raise DLMError("config_overrides must be a dict of config.json fields.")
         if self.kernels not in MODES:
             raise DLMError(f"kernels (DLM_KERNELS) {self.kernels!r} is not a kernel mode; use one of "
                            f"{', '.join(MODES)}.")
@@ -87,4 +92,5 @@ class EngineConfig:
     def key(self) -> tuple:
         """Engines are shared per key: the same weights on the same device, run the same way."""
         return (os.path.abspath(self.model) if os.path.isdir(self.model) else self.model, str(self.torch_device),
-                self.torch_dtype, self.revision, self.kernels, self.cuda_graphs)
+                self.torch_dtype, self.revision, self.kernels, self.cuda_graphs,
+                json.dumps(self.config_overrides, sort_keys=True, default=str))

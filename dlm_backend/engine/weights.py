@@ -54,6 +54,7 @@ def load_model(folder: Path, config: dict, device: torch.device, dtype: torch.dt
         model = _from_config(cls.from_config, config)
     expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
     state: dict[str, torch.Tensor] = {}
+    stacked: dict[str, set[int]] = {}         # stacked parameter -> indices filled so far
     shape_errors: list[str] = []
     unexpected: list[str] = []
     total = sum(f.stat().st_size for f in files)
@@ -64,10 +65,14 @@ def load_model(folder: Path, config: dict, device: torch.device, dtype: torch.dt
         for file in files:
             with _open(file, target) as f:
                 for name in f.keys():
+                    shape = tuple(f.get_slice(name).get_shape())
+                    into = model.stacked_name(name) if name not in expected else None
+                    if into is not None and into[0] in expected:
+                        _stack(state, stacked, expected, into, name, shape, f, dtype, target, shape_errors)
+                        continue
                     if name not in expected:
                         unexpected.append(name)
                         continue
-                    shape = tuple(f.get_slice(name).get_shape())
                     if shape != expected[name]:
                         shape_errors.append(f"{name}: expected {list(expected[name])}, found {list(shape)}")
                         continue
@@ -82,6 +87,7 @@ def load_model(folder: Path, config: dict, device: torch.device, dtype: torch.dt
         raise CheckpointError(f"Tensors in {folder} that {cls.__name__} has no place for: {shown}. The "
                               "checkpoint is of another variant than its config.json says, or not supported.")
     missing = sorted(set(expected) - set(state) - {n.split(": ")[0] for n in shape_errors})
+    missing += [f"{n}[{i}]" for n, got in stacked.items() for i in range(expected[n][0]) if i not in got]
     if shape_errors:
         raise CheckpointError(f"Tensors with the wrong shape for {cls.__name__} in {folder}: "
                               f"{'; '.join(shape_errors[:8])}. The config.json and weights disagree: "
@@ -93,3 +99,18 @@ def load_model(folder: Path, config: dict, device: torch.device, dtype: torch.dt
     model.load_state_dict(state, assign=True)
     model.setup(device)
     return model.eval().requires_grad_(False)
+
+
+def _stack(state, stacked, expected, into, name, shape, reader, dtype, target, shape_errors) -> None:
+    """Copy one per-expert tensor into its slice of the stacked parameter (allocated on first use)."""
+    param, index = into
+    if shape != expected[param][1:] or not 0 <= index < expected[param][0]:
+        shape_errors.append(f"{name}: expected {list(expected[param][1:])} at index < {expected[param][0]}, "
+                            f"found {list(shape)}")
+        return
+    if param not in state:
+        state[param] = torch.empty(expected[param], dtype=dtype, device=target)
+        stacked[param] = set()
+    state[param][index].copy_(reader.get_tensor(name))
+    stacked[param].add(index)
+

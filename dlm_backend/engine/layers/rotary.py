@@ -13,10 +13,16 @@ from dlm_backend.engine.layers.attention import triton_enabled
 
 
 class RotaryTable:
-    """cos/sin for positions ``0..max_positions-1``, float32, shape ``[P, head_dim]``."""
+    """cos/sin for positions ``0..max_positions-1``, float32, shape ``[P, rotary_dim]``.
 
-    def __init__(self, head_dim: int, theta: float, max_positions: int, device: torch.device | str):
-        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float, device=device) / head_dim))
+    ``rotary_dim`` below ``head_dim`` is partial rotary (LLaDA2: half the head): only the first
+    ``rotary_dim`` dims of each head rotate, with frequencies ``theta^(-2i/rotary_dim)``.
+    """
+
+    def __init__(self, head_dim: int, theta: float, max_positions: int, device: torch.device | str,
+                 rotary_dim: int | None = None):
+        dim = rotary_dim or head_dim
+        inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float, device=device) / dim))
         pos = torch.arange(max_positions, dtype=torch.float, device=device)
         freqs = torch.outer(pos, inv_freq)                      # [P, D/2]
         angles = torch.cat((freqs, freqs), dim=-1)              # [P, D]
@@ -51,8 +57,14 @@ def rotate_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Te
               full_precision: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotate q [T, H, D] and k [T, Hkv, D] by cos/sin from :meth:`RotaryTable.lookup`.
 
-    The kernel path rotates both in place in one launch; the torch path returns new tensors.
+    The kernel path rotates both in place in one launch; the torch path returns new tensors. A table
+    narrower than the head (partial rotary) rotates the leading dims and passes the rest through.
     """
+    rotary_dim = cos.shape[-1]
+    if rotary_dim < q.shape[-1]:
+        def partial(x):
+            return torch.cat((apply_rotary(x[..., :rotary_dim], cos, sin, full_precision), x[..., rotary_dim:]), -1)
+        return partial(q), partial(k)
     if triton_enabled() and q.stride(-1) == 1 and k.stride(-1) == 1:
         from dlm_backend.engine.kernels.rotary import rotary_
 

@@ -26,15 +26,18 @@ class ModelArgs:
     max_positions: int
     rope_theta: float
     norm_eps: float
-    mask_token_id: int
+    mask_token_id: int | None            # None: the tokenizer's mask token (LLaDA2 keeps it out of config.json)
     eos_token_ids: tuple[int, ...] = ()
     pad_token_id: int | None = None
     bos_token_id: int | None = None
     tie_word_embeddings: bool = False
+    explicit_head_dim: int | None = None  # config.json's head_dim where it is not hidden_size / heads
+    rotary_dim: int | None = None         # partial rotary: the leading dims of a head that rotate
+    block_size: int | None = None         # block-diffusion families: the block; None: full-sequence
 
     @property
     def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
+        return self.explicit_head_dim or self.hidden_size // self.num_heads
 
 
 class DiffusionLM(nn.Module, metaclass=ABCMeta):
@@ -58,7 +61,14 @@ class DiffusionLM(nn.Module, metaclass=ABCMeta):
 
     def setup(self, device: torch.device | str) -> None:
         """Build non-parameter state (the RoPE table) on the target device after weights load."""
-        self.rotary = RotaryTable(self.args.head_dim, self.args.rope_theta, self.args.max_positions, device)
+        a = self.args
+        self.rotary = RotaryTable(a.head_dim, a.rope_theta, a.max_positions, device, a.rotary_dim)
+
+    def stacked_name(self, name: str) -> tuple[str, int] | None:
+        """Where a checkpoint tensor goes when the model stacks it with its siblings: per-expert
+        weights (``...experts.7.gate_proj.weight``) load into one ``[E, ...]`` parameter at index 7,
+        so an MoE checkpoint is materialised once, already stacked. None: loaded under its own name."""
+        return None
 
     @abstractmethod
     def head(self) -> tuple[RMSNorm, torch.Tensor]:

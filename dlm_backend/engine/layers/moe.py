@@ -1,0 +1,34 @@
+"""Mixture-of-experts: the routed experts' computation, shared by every MoE family.
+
+Routers differ by family (LLaDA2's sigmoid, group-limited top-k with an expert bias; Qwen3-MoE's
+softmax top-k) and live with their models; once a router has chosen ``topk_idx`` and ``topk_weight``
+per token, every family runs the same gated MLP per expert and the same weighted combine:
+:func:`routed_experts`. Expert weights are stacked ``[E, ...]`` tensors (the loader fills them from
+per-expert checkpoint tensors, see ``DiffusionLM.stacked_name``).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+ACTIVATIONS = {"silu": F.silu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh")}
+
+
+def routed_experts(x: torch.Tensor, topk_idx: torch.Tensor, topk_weight: torch.Tensor, gate: torch.Tensor,
+                   up: torch.Tensor, down: torch.Tensor, activation: str = "silu") -> torch.Tensor:
+    """``sum_k w[t,k] * down_e(act(gate_e(x_t)) * up_e(x_t))`` with ``e = topk_idx[t,k]``.
+
+    x: [T, D]; topk_idx: [T, k] int64; topk_weight: [T, k] float32; gate, up: [E, I, D]; down: [E, D, I].
+    Each expert runs on its own tokens in x's dtype; the combine accumulates in float32 and casts back
+    (LLaDA2's and Qwen3-MoE's order). This is the fused MoE kernel's torch reference.
+    """
+    act = ACTIVATIONS[activation]
+    out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)             # [T, D]
+    flat = topk_idx.reshape(-1)
+    for e in torch.unique(flat).tolist():
+        token, slot = (topk_idx == e).nonzero(as_tuple=True)                     # this expert's rows
+        h = x[token]                                                              # [n, D]
+        y = F.linear(act(F.linear(h, gate[e])) * F.linear(h, up[e]), down[e])   # [n, D]
+        out.index_add_(0, token, y.float() * topk_weight[token, slot, None].float())
+    return out.to(x.dtype)
