@@ -76,7 +76,7 @@ PYTEST=("$PY" -m pytest -q -p no:cacheprovider -o addopts="")
 section "kernel tests on CUDA" 150 "${PYTEST[@]}" tests/engine/kernels -m "not slow" -k "not parity"
 section "parity on CUDA (fp32 exact, bf16 within tolerance)" 100 "${PYTEST[@]}" tests/engine/kernels/test_gpu_parity.py
 
-for k in attention rmsnorm rotary swiglu unmask; do
+for k in attention paged_attention rmsnorm rotary swiglu unmask moe; do
     section "bench_$k" 45 "$PY" "benchmarks/kernels/bench_$k.py"
 done
 

@@ -3,14 +3,18 @@
 Routers differ by family (LLaDA2's sigmoid, group-limited top-k with an expert bias; Qwen3-MoE's
 softmax top-k) and live with their models; once a router has chosen ``topk_idx`` and ``topk_weight``
 per token, every family runs the same gated MLP per expert and the same weighted combine:
-:func:`routed_experts`. Expert weights are stacked ``[E, ...]`` tensors (the loader fills them from
-per-expert checkpoint tensors, see ``DiffusionLM.stacked_name``).
+:func:`experts`, which runs the fused Triton kernel (``dlm_backend.engine.kernels.moe``) on the
+kernel path and :func:`routed_experts`, its torch reference, otherwise. Expert weights are stacked
+``[E, ...]`` tensors (the loader fills them from per-expert checkpoint tensors, see
+``DiffusionLM.stacked_name``).
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from dlm_backend.engine.layers.attention import triton_enabled
 
 ACTIVATIONS = {"silu": F.silu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh")}
 
@@ -32,3 +36,14 @@ def routed_experts(x: torch.Tensor, topk_idx: torch.Tensor, topk_weight: torch.T
         y = F.linear(act(F.linear(h, gate[e])) * F.linear(h, up[e]), down[e])   # [n, D]
         out.index_add_(0, token, y.float() * topk_weight[token, slot, None].float())
     return out.to(x.dtype)
+
+
+def experts(x: torch.Tensor, topk_idx: torch.Tensor, topk_weight: torch.Tensor, gate: torch.Tensor,
+            up: torch.Tensor, down: torch.Tensor, activation: str = "silu") -> torch.Tensor:
+    """:func:`routed_experts` (same arguments and result): the fused Triton kernel on the kernel
+    path, the torch reference otherwise. Model code calls this."""
+    if triton_enabled():
+        from dlm_backend.engine.kernels.moe import fused_moe
+
+        return fused_moe(x, topk_idx, topk_weight, gate, up, down, activation)
+    return routed_experts(x, topk_idx, topk_weight, gate, up, down, activation)

@@ -52,3 +52,48 @@ def paged_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
             mask = (kpos[None, :] // blocks[b]) <= (qpos[:, None] // blocks[b])       # [q, L]
         out[rows] = sdpa(q[rows].transpose(0, 1)[None], keys[None], values[None], mask, scale)[0].transpose(0, 1)
     return out
+
+
+class PagedBatch:
+    """The attention backend of one forward: paged segments (rows ``0..T_paged``, written into the
+    pool, then attending over their pages) and unpaged ones after them (:class:`PackedAttention`).
+
+    Built once per forward from host lists; the int32 tensors go to the device in one copy each, so
+    the kernel path never syncs (and a CUDA graph can replay it: engine/graphs.py refills the same
+    tensors in place).
+    """
+
+    def __init__(self, pool, plain, cu_q: list[int], q_start: list[int], kv_len: list[int],
+                 pages: list[list[int]], blocks: list[int], device, scale: float | None = None):
+        from dlm_backend.engine.layers.attention import _i32
+
+        self.pool, self.plain, self.scale = pool, plain, scale
+        self.host = (cu_q, q_start, kv_len, blocks)
+        self.rows = cu_q[-1] if cu_q else 0                           # paged rows come first
+        size = pool.page_size if pool is not None else 1
+        width = max((len(p) for p in pages), default=1)
+        slots = [p[pos // size] * size + pos % size
+                 for b, p in enumerate(pages) for pos in range(q_start[b], q_start[b] + cu_q[b + 1] - cu_q[b])]
+        self.slots = torch.tensor(slots, dtype=torch.long, device=device)
+        self.cu_q, self.q_start, self.kv_len = _i32(cu_q, device), _i32(q_start, device), _i32(kv_len, device)
+        self.page_table = _i32([p + [0] * (width - len(p)) for p in pages] or [[0]], device)
+        self.causal_block = _i32(blocks, device)
+        self.max_q = max((cu_q[b + 1] - cu_q[b] for b in range(len(blocks))), default=0)
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
+        from dlm_backend.engine.layers.attention import triton_enabled
+
+        out = self.plain.attend(q, k, v, layer) if self.plain.segments else torch.empty_like(q)
+        if self.rows:
+            n = self.rows
+            kc, vc = self.pool.k[layer], self.pool.v[layer]
+            write_kv(kc, vc, k[:n], v[:n], self.slots)
+            if triton_enabled():
+                from dlm_backend.engine.kernels.paged_attention import paged_attention
+
+                out[:n] = paged_attention(q[:n], kc, vc, self.cu_q, self.q_start, self.kv_len, self.page_table,
+                                          self.causal_block, self.max_q, self.scale)
+            else:
+                cu, starts, lens, blocks = (torch.tensor(x) for x in self.host)
+                out[:n] = paged_attention_ref(q[:n], kc, vc, cu, starts, lens, self.page_table, blocks, self.scale)
+        return out
