@@ -22,11 +22,15 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from dlm_backend.engine.config import EngineConfig  # noqa: E402
+from dlm_backend.engine.kernels import resolve_kernels  # noqa: E402
 from dlm_backend.engine.models.llada import LLaDAModelLM  # noqa: E402
 from dlm_backend.engine.params import SamplingParams  # noqa: E402
 from dlm_backend.engine.runner import ModelRunner  # noqa: E402
 from dlm_backend.engine.samplers import ThresholdSampler, TokenInfo  # noqa: E402
-from dlm_backend.engine.sequence import Sequence  # noqa: E402
+from dlm_backend.engine.canvas import CanvasSequence  # noqa: E402
+from dlm_backend.engine.kv import KVPool, PageAllocator  # noqa: E402
+from dlm_backend.engine.kv.pool import page_size_for  # noqa: E402
 
 MASK_ID = 126336
 
@@ -55,15 +59,17 @@ def build_random_llada(config: dict, device, dtype: torch.dtype, seed: int = 0) 
     return model.eval()
 
 
-def generate(runner: ModelRunner, batch: int, prompt_len: int, new_tokens: int, block: int, seed: int = 0):
+def generate(runner: ModelRunner, allocator: PageAllocator, batch: int, prompt_len: int, new_tokens: int, block: int, seed: int = 0):
     """Run ``batch`` requests to completion; returns (sequences, per-pass records)."""
     vocab = runner.model.args.vocab_size
     g = torch.Generator().manual_seed(seed)
     params = SamplingParams(sampler="threshold", max_tokens=new_tokens, block_length=block, threshold=0.9,
                             cache="dual", ignore_eos=True)
     sampler = ThresholdSampler()
-    seqs = [Sequence(torch.randint(0, min(vocab, MASK_ID) - 2, (prompt_len,), generator=g).tolist(), params,
-                     sampler, runner.tokens) for _ in range(batch)]
+    seqs = [CanvasSequence(torch.randint(0, min(vocab, MASK_ID) - 2, (prompt_len,), generator=g).tolist(), params,
+                           sampler, runner.tokens) for _ in range(batch)]
+    for s in seqs:
+        s.pages = allocator.allocate(allocator.pages_for(s.kv_positions))
     passes = []
     sync = torch.cuda.synchronize if runner.device.type == "cuda" else (lambda: None)
     while True:
@@ -78,17 +84,25 @@ def generate(runner: ModelRunner, batch: int, prompt_len: int, new_tokens: int, 
         passes.append((refresh, time.perf_counter() - t0))
     for s in seqs:
         runner.free(s)
+        allocator.release(s.pages)
     return seqs, passes
 
 
 def measure(model, device, dtype, batch, prompt_len, new_tokens, block, hbm_tbps) -> dict:
     """Throughput numbers for one batch size (after a warm-up that compiles and captures)."""
-    runner = ModelRunner(model, torch.device(device), dtype, TokenInfo(mask_id=model.args.mask_token_id))
-    generate(runner, batch, prompt_len, min(new_tokens, 2 * block), block)          # warm-up
+    a = model.args
+    page = page_size_for(a.block_size)
+    num_pages = batch * -(-(prompt_len + new_tokens) // page)
+    pool = KVPool(a.num_layers, a.num_kv_heads, a.head_dim, page, num_pages, dtype, torch.device(device))
+    allocator = PageAllocator(num_pages, page)
+    config = EngineConfig(model="random", device=device)          # $DLM_KERNELS, $DLM_CUDA_GRAPHS, as the engine
+    runner = ModelRunner(model, torch.device(device), dtype, TokenInfo(mask_id=a.mask_token_id), pool,
+                         resolve_kernels(config.kernels, device), config.cuda_graphs)
+    generate(runner, allocator, batch, prompt_len, min(new_tokens, 2 * block), block)          # warm-up
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
-    seqs, passes = generate(runner, batch, prompt_len, new_tokens, block)
+    seqs, passes = generate(runner, allocator, batch, prompt_len, new_tokens, block)
     wall = time.perf_counter() - t0
     block_ms = [1e3 * t for r, t in passes if not r]
     refresh_ms = [1e3 * t for r, t in passes if r]

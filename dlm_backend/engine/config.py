@@ -69,11 +69,17 @@ class EngineConfig:
     cuda_graphs: bool = field(default_factory=lambda: os.environ.get("DLM_CUDA_GRAPHS", "1") != "0")
     #: config.json values to replace, e.g. {"mask_token_id": 156895} for a checkpoint that lacks it
     config_overrides: dict = field(default_factory=dict)
+    #: bytes of the paged KV cache shared by all requests (None: 90% of the GPU's memory left after
+    #: the weights, or 1 GiB on CPU); admission waits for free pages, so this bounds memory, not speed
+    kv_cache_memory: int | None = None
 
     def __post_init__(self):
         check_dtype(self.dtype)
         if self.device is not None:
             check_device(self.device)
+        if self.kv_cache_memory is not None and (not isinstance(self.kv_cache_memory, int)
+                                                 or self.kv_cache_memory < 1 << 20):
+            raise DLMError(f"kv_cache_memory must be a number of bytes of at least 1 MiB, got {self.kv_cache_memory!r}.")
         if not isinstance(self.config_overrides, dict):
             raise DLMError("config_overrides must be a dict of config.json fields.")
         if self.kernels not in MODES:
@@ -92,5 +98,21 @@ class EngineConfig:
     def key(self) -> tuple:
         """Engines are shared per key: the same weights on the same device, run the same way."""
         return (os.path.abspath(self.model) if os.path.isdir(self.model) else self.model, str(self.torch_device),
-                self.torch_dtype, self.revision, self.kernels, self.cuda_graphs,
+                self.torch_dtype, self.revision, self.kernels, self.cuda_graphs, self.kv_cache_memory,
                 json.dumps(self.config_overrides, sort_keys=True, default=str))
+
+
+CPU_KV_BYTES = 1 << 30          # torch.empty: the OS commits pages only as requests write them
+GPU_KV_FRACTION = 0.9           # of the memory free after the weights, the rest for activations
+
+
+def kv_pages(config: EngineConfig, args, page_size: int, dtype: torch.dtype, device: torch.device) -> int:
+    """How many KV pages the engine's budget holds (at least one request's worth of a small canvas)."""
+    from dlm_backend.engine.kv.pool import KVPool
+
+    budget = config.kv_cache_memory
+    if budget is None:
+        budget = int(torch.cuda.mem_get_info(device)[0] * GPU_KV_FRACTION) if device.type == "cuda" else CPU_KV_BYTES
+    page = KVPool.page_bytes(args.num_layers, args.num_kv_heads, args.head_dim, page_size, dtype)
+    return max(4, budget // page)
+

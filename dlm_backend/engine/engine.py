@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import time
 
+from dlm_backend.engine.blocks import BlockSequence
+from dlm_backend.engine.canvas import CanvasSequence
 from dlm_backend.engine.checkpoint import Checkpoint, open_checkpoint
-from dlm_backend.engine.config import EngineConfig, EngineLimits
+from dlm_backend.engine.config import EngineConfig, EngineLimits, kv_pages
 from dlm_backend.engine.kernels import resolve_kernels
+from dlm_backend.engine.kv import KVPool, PageAllocator
+from dlm_backend.engine.kv.pool import page_size_for
 from dlm_backend.engine.metrics import EngineStats
 from dlm_backend.engine.outputs import StreamChunk
 from dlm_backend.engine.params import SamplingParams
@@ -41,9 +45,15 @@ class LLMEngine:
             except SamplingParamsError as exc:
                 raise SamplingParamsError(f"{self.checkpoint.folder / 'generation_config.json'}: 'dlm_sampling' "
                                           f"names a sampler that is not registered. {exc}") from None
-        self.runner = ModelRunner(model, self.device, self.dtype, self.tokens, triton, config.cuda_graphs)
+        a = model.args
+        self.page_size = page_size_for(a.block_size)
+        num_pages = kv_pages(config, a, self.page_size, self.dtype, self.device)
+        pool = KVPool(a.num_layers, a.num_kv_heads, a.head_dim, self.page_size, num_pages, self.dtype, self.device)
+        self.allocator = PageAllocator(num_pages, self.page_size)
+        self.runner = ModelRunner(model, self.device, self.dtype, self.tokens, pool, triton, config.cuda_graphs)
         self.limits = limits or EngineLimits()
-        self.scheduler = Scheduler(self.limits, model.logits_shift)
+        self.scheduler = Scheduler(self.limits, model.logits_shift, self.allocator)
+        self.sequence_class = BlockSequence if a.block_size else CanvasSequence
         self.stats = EngineStats()
 
     # -- what the checkpoint brings -----------------------------------------------------------
@@ -99,9 +109,15 @@ class LLMEngine:
             raise QueueFullError(f"The engine's queue is full ({self.limits.max_waiting} requests waiting). "
                                  "Retry shortly, or raise max_waiting.")
         sampler = self.check(prompt_token_ids, params, response_template)
-        seq = Sequence(prompt_token_ids, params, sampler, self.tokens, request_id, response_template, self.tokenizer)
+        seq = self.new_sequence(prompt_token_ids, params, sampler, request_id, response_template)
         self.scheduler.add(seq)
         return seq
+
+    def new_sequence(self, prompt_token_ids, params, sampler, request_id=None, response_template=None) -> Sequence:
+        params = params if params.block_length or not self.model_args.block_size else \
+            params.replace(block_length=self.model_args.block_size)     # a block family decodes in its own blocks
+        return self.sequence_class(prompt_token_ids, params, sampler, self.tokens, request_id, response_template,
+                                   self.tokenizer)
 
     def abort(self, request_id: str) -> StreamChunk | None:
         """Cancel a request now, freeing its slot and cache; returns its final chunk (None if unknown)."""
@@ -156,6 +172,10 @@ class LLMEngine:
         for chunk in chunks:
             if chunk.finished:
                 self.stats.record_finish("error" if chunk.error else chunk.finish_reason)
+        for seq in batch:                     # prompt pages now cached become shareable
+            if isinstance(seq, BlockSequence) and not seq.is_finished:
+                for page, h in seq.clean_prompt_pages(self.page_size):
+                    self.allocator.publish(page, h)
         for seq in self.scheduler.remove_finished():
             self.runner.free(seq)
         return chunks

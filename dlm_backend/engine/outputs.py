@@ -21,6 +21,8 @@ class GenerationOutput:
     finish_reason: str
     num_forward_passes: int
     stop_reason: str | int | None = None
+    #: block families: passes that only cached keys and values (a prompt's prefill, finished blocks)
+    num_cache_passes: int = 0
     metrics: dict = field(default_factory=dict)
 
     @property

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from dlm_backend.errors import SamplingParamsError
 
 CACHE_MODES = ("none", "prefix", "dual")
-REMASKING = ("low_confidence", "random")
+REMASKING = ("low_confidence", "random", "low_confidence_dynamic", "sequential")
 DREAM_ALGS = ("origin", "maskgit_plus", "topk_margin", "entropy")
 #: Temperatures (and ``alg_temp``) below this are greedy: dividing logits by 5e-324 overflows to NaN.
 GREEDY_BELOW = 1e-5
@@ -124,8 +124,9 @@ class SamplingParams:
                          checkpoint=True)
     gamma: float = knob(0.1, "entropy_bounded rule: entropy budget per pass", float, low=0, high=1000,
                         checkpoint=True)
-    remasking: str = knob("low_confidence", "llada: which slots a pass commits", str, choices=REMASKING,
-                          checkpoint=True)
+    remasking: str = knob("low_confidence", "llada, sdar: which slots a pass commits (sdar also "
+                          "low_confidence_dynamic: above threshold, else the top ones; sequential)", str,
+                          choices=REMASKING, checkpoint=True)
     cfg_scale: float = knob(0.0, "llada classifier-free guidance (needs cache='none')", float, low=0, high=100)
     logits_eos_inf: bool = knob(False, "llada: never predict EOS", bool)
     confidence_eos_eot_inf: bool = knob(False, "llada: EOS/end-of-turn never win on confidence", bool)
@@ -134,6 +135,17 @@ class SamplingParams:
                                   low=0, high=100, nullable=True, checkpoint=True)
     eps: float = knob(1e-3, "dream: last timestep of the schedule", float, low=0, high=1, low_open=True,
                       high_open=True, checkpoint=True)
+    # block-diffusion families
+    eos_early_stop: bool = knob(True, "block families: end at a final stop token, not at its block's end", bool,
+                                checkpoint=True)
+    sub_block_length: int | None = knob(None, "fastdllm2: slots decided together inside a block (None: 8)", int,
+                                        low=1, high=MAX_LENGTH, nullable=True, checkpoint=True)
+    editing_threshold: float = knob(0.9, "llada2_edit: rewrite a committed slot whose new token is this "
+                                    "confident", float, low=0, high=1, checkpoint=True)
+    max_post_steps: int = knob(16, "llada2_edit: editing passes after a block's last mask", int, low=0, high=1024,
+                               checkpoint=True)
+    num_to_transfer: int = knob(1, "llada2_edit: slots committed per pass at least", int, low=1, high=MAX_LENGTH,
+                                checkpoint=True)
 
     def __post_init__(self):
         if isinstance(self.stop, (str, tuple)):

@@ -4,158 +4,138 @@ from __future__ import annotations
 
 import torch
 
-from dlm_backend.engine.cache import KVCache
 from dlm_backend.engine.graphs import BlockGraphs
+from dlm_backend.engine.kv import KVPool
 from dlm_backend.engine.layers import ForwardContext, PackedAttention, Segment, forward_context
+from dlm_backend.engine.layers.paged_attention import PagedBatch
 from dlm_backend.engine.models.base import DiffusionLM
 from dlm_backend.engine.samplers.base import StepInput, TokenInfo
-from dlm_backend.engine.sequence import Sequence
+from dlm_backend.engine.samplers.random import TorchRandom
+from dlm_backend.engine.sequence import Pass, Sequence
 from dlm_backend.errors import EngineError
 
 
 class ModelRunner:
-    """Owns the weights, the per-request KV caches and random generators, and the forward pass.
+    """Owns the weights, the KV pool, the requests' random generators and the forward pass.
 
-    One :meth:`step` packs every scheduled sequence's query window into a single token batch, runs
-    one forward, computes logits only for the masked slots of each sequence's current block and lets
-    each sequence's sampler commit tokens. On CUDA, a batch made only of dual-cache block steps of one
-    shape runs as a captured CUDA graph (engine/graphs.py), and greedy threshold requests take their
-    (token, confidence) from the fused unmasking kernel instead of [N, V] logits.
+    One :meth:`step` asks each scheduled sequence for its next :class:`Pass`, packs every pass's
+    positions into a single token batch (paged passes first: their keys and values go into the pool
+    and their attention reads the pool; then unpaged ones), runs one forward, computes logits only
+    for each pass's candidate slots and lets each sequence's sampler decide. On CUDA, a batch of
+    paged passes of one shape runs as a captured CUDA graph (engine/graphs.py), and greedy threshold
+    requests take their (token, confidence) from the fused unmasking kernel instead of [N, V] logits.
     """
 
     def __init__(self, model: DiffusionLM, device: torch.device, dtype: torch.dtype, tokens: TokenInfo,
-                 triton: bool = False, cuda_graphs: bool = False):
-        self.model = model
-        self.device = device
-        self.dtype = dtype
-        self.tokens = tokens
+                 pool: KVPool | None, triton: bool = False, cuda_graphs: bool = False):
+        self.model, self.device, self.dtype, self.tokens = model, device, dtype, tokens
+        self.pool = pool
         self.triton = triton            # kernel dispatch, decided once (kernels.resolve_kernels)
-        self.caches: dict[int, KVCache] = {}
         self.generators: dict[int, torch.Generator] = {}
-        # Fixed-shape dual-cache block steps as CUDA graphs (CUDA only).
         self.graphs: BlockGraphs | None = None
-        if device.type == "cuda" and cuda_graphs:
-            self.graphs = BlockGraphs(model, dtype, device, capture=True, triton=triton)
+        if device.type == "cuda" and cuda_graphs and triton and pool is not None:
+            self.graphs = BlockGraphs(model, pool, device, capture=True)
 
     @property
     def logits_shift(self) -> int:
         return self.model.logits_shift
 
-    def _cache_for(self, seq: Sequence) -> KVCache:
-        cache = self.caches.get(seq.seq_id)
-        if cache is None:
-            a = self.model.args
-            cache = KVCache(a.num_layers, a.num_kv_heads, seq.length, a.head_dim, self.dtype, self.device)
-            self.caches[seq.seq_id] = cache
-        return cache
-
-    def _generator_for(self, seq: Sequence) -> torch.Generator:
-        gen = self.generators.get(seq.seq_id)
-        if gen is None:
+    def _random_for(self, seq: Sequence) -> TorchRandom:
+        if seq.random is None:
             gen = torch.Generator(device=self.device)
             seed = seq.params.seed
             gen.manual_seed(seed if seed is not None else int(torch.randint(0, 2**62, ()).item()))
             self.generators[seq.seq_id] = gen
-        return gen
+            seq.random = TorchRandom(gen)
+        return seq.random
 
     def free(self, seq: Sequence) -> None:
-        self.caches.pop(seq.seq_id, None)
         self.generators.pop(seq.seq_id, None)
 
     def close(self) -> None:
-        """Drop the weights, caches and captured graphs (the device memory returns to torch's allocator)."""
-        self.caches.clear()
+        """Drop the weights, the KV pool and captured graphs (the memory returns to torch's allocator)."""
         self.generators.clear()
-        self.graphs = None
-        self.model = None
+        self.graphs = self.pool = self.model = None
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 
-    def _wants_stats(self, seq: Sequence) -> bool:
+    def _wants_stats(self, seq: Sequence, step: Pass) -> bool:
         """Kernel path, greedy, plain logits: the sampler can decide from fused (token, confidence)."""
         p = seq.params
-        return (seq.sampler.uses_unmask_stats and p.temperature == 0 and p.cfg_scale == 0
-                and p.top_p is None and p.top_k is None)
+        return (self.triton and step.kind == "denoise" and seq.sampler.uses_unmask_stats and not seq.sampler.edits
+                and p.temperature == 0 and not step.cfg and p.top_p is None and p.top_k is None)
 
-    def _forward_packed(self, seqs: list[Sequence], shift: int):
-        """Pack every sequence's window into one token batch and run the model over it."""
+    # -- the forward ---------------------------------------------------------------------------------
+
+    def _forward(self, seqs: list[Sequence], steps: list[Pass], shift: int):
+        """Pack the passes (paged first) into one token batch and run the model; returns the hidden
+        states and, per sequence, the rows holding its candidates' predictions."""
+        order = sorted(range(len(seqs)), key=lambda i: not steps[i].paged)
         ids: list[int] = []
         positions: list[int] = []
-        segments: list[Segment] = []
-        plans = []                  # per sequence: (candidate positions, hidden rows for them, has_cfg)
-        for seq in seqs:
-            start, end, cached = seq.window(shift)
-            candidates = seq.masked_in_block
-            row0 = len(ids)
-            segments.append(Segment(slice(row0, row0 + end - start), start,
-                                    self._cache_for(seq) if cached else None))
-            ids += seq.canvas[start:end]
-            positions += range(start, end)
-            rows = [row0 + p - shift - start for p in candidates]
-            cfg = seq.params.cfg_scale > 0
-            if cfg:  # unconditional copy: the prompt masked out (LLaDA's classifier-free guidance)
-                row0 = len(ids)
-                segments.append(Segment(slice(row0, row0 + end - start), start, None))
-                ids += [self.tokens.mask_id] * seq.prompt_len + seq.canvas[seq.prompt_len:end]
-                positions += range(start, end)
-                rows += [row0 + p - shift - start for p in candidates]
-            plans.append((candidates, rows, cfg))
+        rows: dict[int, list[int]] = {}
+        cu, starts, lens, pages, blocks, plain = [0], [], [], [], [], []
+        for i in order:
+            seq, step = seqs[i], steps[i]
+            row0, n = len(ids), step.end - step.start
+            ids += seq.canvas[step.start:step.end]
+            positions += range(step.start, step.end)
+            rows[i] = [row0 + max(p - shift - step.start, 0) for p in step.candidates]
+            if step.paged:
+                cu.append(cu[-1] + n)
+                starts.append(step.start)
+                lens.append(step.kv_end)
+                pages.append(seq.pages)
+                blocks.append(step.block_size or 0)
+            else:
+                plain.append(Segment(slice(row0, row0 + n), step.start, None, step.block_size))
+            if step.cfg:            # unconditional copy: the prompt masked out (LLaDA's classifier-free guidance)
+                row1 = len(ids)
+                plain.append(Segment(slice(row1, row1 + n), step.start, None, step.block_size))
+                ids += [self.tokens.mask_id] * seq.prompt_len + seq.canvas[seq.prompt_len:step.end]
+                positions += range(step.start, step.end)
+                rows[i] += [row1 + max(p - shift - step.start, 0) for p in step.candidates]
+        backend = PagedBatch(self.pool, PackedAttention(plain), cu, starts, lens, pages, blocks, self.device)
         input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
         pos = torch.tensor(positions, dtype=torch.long, device=self.device)
-        with forward_context(ForwardContext(PackedAttention(segments), self.triton)):
-            return self.model(input_ids, pos), plans                       # [T, D]
-
-    def _forward_static(self, seqs: list[Sequence], shift: int, q_len: int):
-        """Dual-cache block steps of equal shape: the fixed-shape (CUDA graph) forward."""
-        hidden = self.graphs.forward(seqs, [self._cache_for(s) for s in seqs], shift, q_len)
-        plans = []
-        for i, seq in enumerate(seqs):
-            candidates = seq.masked_in_block
-            start = seq.block_start - shift
-            plans.append((candidates, [i * q_len + p - shift - start for p in candidates], False))
-        return hidden, plans
-
-    def _gather_rows(self, seqs: list[Sequence], parts):
-        """Stack the candidate rows of every forward part into one [N, D] tensor, with each sequence's
-        plan re-pointed at its rows there, in ``seqs`` order."""
-        chosen, by_seq, n = [], {}, 0
-        for part_seqs, hidden, plans in parts:
-            chosen.append(hidden[self._index([r for _, rows, _ in plans for r in rows])])
-            for seq, (candidates, rows, cfg) in zip(part_seqs, plans):
-                by_seq[id(seq)] = (candidates, list(range(n, n + len(rows))), cfg)
-                n += len(rows)
-        hidden = chosen[0] if len(chosen) == 1 else torch.cat(chosen)
-        return hidden, [by_seq[id(s)] for s in seqs]
+        with forward_context(ForwardContext(backend, self.triton)):
+            return self.model(input_ids, pos), [rows[i] for i in range(len(seqs))]          # [T, D]
 
     def _index(self, rows: list[int]) -> torch.Tensor:
         return torch.tensor(rows, dtype=torch.long, device=self.device)
 
+    # -- one step ------------------------------------------------------------------------------------
+
     @torch.inference_mode()
     def step(self, seqs: list[Sequence]) -> None:
-        """One denoising pass for every sequence in ``seqs`` (each commits at least one token)."""
+        """One forward for every sequence in ``seqs``: each commits at least one token, or caches keys."""
         shift = self.logits_shift
-        for seq in seqs:
-            seq.begin_block_if_needed()
-        # Dual-cache block steps of one shape run as a fixed-shape (CUDA graph) forward; the others
-        # (block starts, other cache modes) as one packed varlen forward beside it.
-        static, q_len = self.graphs.split(seqs, shift) if self.graphs is not None else ([], None)
-        in_static = {id(s) for s in static}
-        packed = [s for s in seqs if id(s) not in in_static]
-        parts = []
+        steps = [seq.plan(shift) for seq in seqs]
+        static = self.graphs.split(seqs, steps) if self.graphs is not None else []
         if static:
-            parts.append((static, *self._forward_static(static, shift, q_len)))
-        if packed:
-            parts.append((packed, *self._forward_packed(packed, shift)))
-        hidden, plans = self._gather_rows(seqs, parts)
-        # Rows of sequences whose sampler decides from fused statistics skip the [N, V] logits.
-        fused = [self.triton and self._wants_stats(seq) for seq in seqs]
+            hidden_s, rows_s = self.graphs.forward([seqs[i] for i in static], [steps[i] for i in static], shift)
+        rest = [i for i in range(len(seqs)) if i not in set(static)]
+        if rest:
+            hidden_r, rows_r = self._forward([seqs[i] for i in rest], [steps[i] for i in rest], shift)
+        # One [N, D] tensor of every candidate row, each sequence's rows re-pointed into it.
+        parts, plans, n = [], [None] * len(seqs), 0
+        for group, hidden, group_rows in ((static, hidden_s if static else None, rows_s if static else None),
+                                          (rest, hidden_r if rest else None, rows_r if rest else None)):
+            if not group:
+                continue
+            flat = [r for rr in group_rows for r in rr]
+            parts.append(hidden[self._index(flat)])
+            for i, rr in zip(group, group_rows):
+                plans[i] = list(range(n, n + len(rr)))
+                n += len(rr)
+        hidden = parts[0] if len(parts) == 1 else torch.cat(parts) if parts else None
+        fused = [self._wants_stats(seq, st) for seq, st in zip(seqs, steps)]
         logits = stats = None
-        logit_rows = [r for f, (_, rows, _) in zip(fused, plans) if not f for r in rows]
-        stat_rows = [r for f, (_, rows, _) in zip(fused, plans) if f for r in rows]
+        logit_rows = [r for f, rr in zip(fused, plans) if not f for r in rr]
+        stat_rows = [r for f, rr in zip(fused, plans) if f for r in rr]
         with forward_context(ForwardContext(None, self.triton)):       # the final norm and head
             if logit_rows:
-                in_order = logit_rows == list(range(hidden.shape[0]))    # the usual case: skip a copy
-                h = hidden if in_order else hidden[self._index(logit_rows)]
+                h = hidden if logit_rows == list(range(hidden.shape[0])) else hidden[self._index(logit_rows)]
                 logits = self.model.compute_logits(h)                                      # [N, V]
             if stat_rows:
                 stats = self.model.compute_unmask_stats(hidden[self._index(stat_rows)], self.tokens.mask_id)
@@ -163,27 +143,30 @@ class ModelRunner:
         if any(torch.isnan(t).any() for t in checked):
             # argmax over NaN picks an arbitrary token and the request would "succeed" with garbage.
             # Raising lets the engine retry the batch request by request, so only the culprit fails.
-            # The check costs one host sync just before the samplers' own, with the GPU work queued.
             raise EngineError("The model produced NaN logits. The weights or inputs overflow in "
                               f"{self.dtype}; try dtype='float32'.")
-
         first = {False: 0, True: 0}
-        for seq, f, (candidates, rows, cfg) in zip(seqs, fused, plans):
-            n, at = len(candidates), first[f]
-            first[f] += len(rows)
+        for seq, step, f in zip(seqs, steps, fused):
+            n = len(step.candidates)
+            at = first[f]
+            first[f] += n * (2 if step.cfg else 1)
             if f:
                 commit = seq.sampler.step_from_stats(type(stats)(*(t[at:at + n] for t in stats)), seq.params)
-                seq.commit([candidates[i] for i in commit.indices], commit.token_ids)
-                continue
-            seq_logits = logits[at:at + n]
-            if cfg:
-                uncond = logits[at + n:at + 2 * n]
-                seq_logits = uncond + (seq.params.cfg_scale + 1) * (seq_logits - uncond)
-                if not bool(torch.isfinite(seq_logits).all()):     # the check above ran before guidance
-                    raise EngineError(f"Classifier-free guidance at cfg_scale={seq.params.cfg_scale} overflowed "
-                                      f"{self.dtype}; lower cfg_scale.")
-            commit = seq.sampler.step(StepInput(
-                logits=seq_logits, positions=candidates, step=seq.step_in_block,
-                block_state=seq.block_state, params=seq.params,
-                generator=self._generator_for(seq), tokens=self.tokens))
-            seq.commit([candidates[i] for i in commit.indices], commit.token_ids)
+                seq.apply(step, commit)
+            elif step.kind == "cache":
+                seq.apply(step, ar_tokens=logits[at:at + n].argmax(-1).tolist() if n else None)
+            else:
+                seq.apply(step, self._decide(seq, step, logits[at:at + n], logits[at + n:at + 2 * n]))
+
+    def _decide(self, seq: Sequence, step: Pass, seq_logits: torch.Tensor, uncond: torch.Tensor):
+        if step.cfg:
+            seq_logits = uncond + (seq.params.cfg_scale + 1) * (seq_logits - uncond)
+            if not bool(torch.isfinite(seq_logits).all()):     # the NaN check above ran before guidance
+                raise EngineError(f"Classifier-free guidance at cfg_scale={seq.params.cfg_scale} overflowed "
+                                  f"{self.dtype}; lower cfg_scale.")
+        random = self._random_for(seq)
+        return seq.sampler.step(StepInput(
+            logits=seq_logits, positions=step.candidates, step=seq.step_in_block, block_state=seq.block_state,
+            params=seq.params, generator=random.generator, tokens=self.tokens,
+            current=[seq.canvas[p] for p in step.candidates], masked=[not e for e in step.editable] or
+            [True] * len(step.candidates), random=random))

@@ -1,9 +1,17 @@
-"""One request: prompt, canvas, block cursor, status and its output so far. Plain Python, no tensors."""
+"""One request: prompt, canvas, status, its KV pages and its output so far. Plain Python, no tensors.
+
+How a request is decoded pass by pass depends on the model family: :class:`CanvasSequence`
+(engine/canvas.py) for the full-sequence families (LLaDA, Dream), :class:`BlockSequence`
+(engine/blocks.py) for the block-diffusion families. Both describe each forward they need as a
+:class:`Pass`, which the runner packs with the other requests' passes into one batch.
+"""
 
 from __future__ import annotations
 
 import itertools
 import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
 from enum import Enum, auto
 
 from dlm_backend.engine.detokenizer import Detokenizer
@@ -18,14 +26,36 @@ class Status(Enum):
     FINISHED = auto()
 
 
-class Sequence:
-    """The canvas is ``prompt + [mask] * max_tokens``; blocks of it are denoised left to right.
+@dataclass
+class Pass:
+    """One forward of one request.
 
-    Committed tokens never change, so the *committed prefix* (generated tokens up to the first
-    still-masked slot) is final: it is what streaming emits and where EOS and stop strings are
-    looked for. A request finishes as soon as that prefix reaches a stop token, without denoising
-    the rest of the canvas.
+    Positions ``start..end`` are fed. With ``paged`` their keys and values are written into the
+    request's pages and attention reads its pages at positions ``0..kv_end``; without, attention
+    runs over the fed positions alone. ``block_size`` makes attention block-causal (None:
+    bidirectional). ``candidates`` are the positions whose predictions this pass decides (read at
+    ``position - shift``): a ``denoise`` pass hands them to the sampler, a ``cache`` pass (a prompt's
+    prefill, a finished block's keys) takes their argmax (Fast-dLLM's first token of a block) or has
+    none. ``cfg`` adds classifier-free guidance's unconditional copy (LLaDA).
     """
+
+    start: int
+    end: int
+    candidates: list[int]
+    paged: bool = False
+    kv_end: int = 0
+    block_size: int | None = None
+    kind: str = "denoise"
+    cfg: bool = False
+    editable: list[bool] = field(default_factory=list)   # per candidate: already committed (editing samplers)
+
+    @property
+    def num_tokens(self) -> int:
+        return (self.end - self.start) * (2 if self.cfg else 1)
+
+
+class Sequence(ABC):
+    """What every request has, whatever its family; subclasses decide the passes."""
 
     _ids = itertools.count()
 
@@ -40,29 +70,30 @@ class Sequence:
         self.mask_id = tokens.mask_id
         self.stop_ids = frozenset() if params.ignore_eos else frozenset(tokens.eos_ids + tokens.eot_ids)
         # A response template fixes some output tokens up front (None = free slot): a forced prefix,
-        # or a JSON skeleton whose value slots alone are denoised.
-        template = [tokens.mask_id if t is None else t for t in (response_template or [])]
-        self.canvas = self.prompt_token_ids + template + [tokens.mask_id] * (params.max_tokens - len(template))
-        # A stop token inside the template's slots does not end the request: the skeleton's fixed
-        # tail ("}, closing tags) comes after, and models trained to pad with EOS put one in a
-        # short value's spare slots. Decoding skips it, so the value reads clean.
-        self.template_end = len(self.prompt_token_ids) + len(template)
+        # or a JSON skeleton whose value slots alone are denoised. A stop token inside its slots does
+        # not end the request: the skeleton's fixed tail comes after it.
+        self.template = [tokens.mask_id if t is None else t for t in (response_template or [])]
+        self.template_end = len(self.prompt_token_ids) + len(self.template)
+        self.canvas: list[int] = []
         self.block_length = sampler.block_length(params)
-        self.block_index = 0
         self.step_in_block = 0
         self.block_state = None
-        self.num_forward_passes = 0
+        self.num_forward_passes = 0            # passes whose predictions the sampler decided
+        self.num_cache_passes = 0              # passes that only wrote keys and values (prefill, commit)
         self.status = Status.WAITING
         self.finish_reason: str | None = None
         self.stop_reason: str | int | None = None
-        self.prefix_end = self.prompt_len      # canvas index of the first uncommitted slot
+        self.prefix_end = self.prompt_len      # canvas index up to which the output is final
         self.output_end: int | None = None     # canvas index where the output ends, once known
         self.arrival_time = time.monotonic()
         self.first_token_time: float | None = None
         self.num_emitted = 0                   # generated tokens already streamed
         self.error: str | None = None
-        self.detokenizer = Detokenizer(tokenizer, params.stop, len(template)) if tokenizer is not None else None
-        self._advance()
+        self.pages: list[int] = []             # KV pages, logical order (engine/kv)
+        self.num_cached = 0                    # positions 0..num_cached hold clean keys and values
+        self.published = 0                     # prompt pages offered to the prefix cache
+        self.random = None                     # the sampler's draws (samplers/random.py), set by the runner
+        self.detokenizer = Detokenizer(tokenizer, params.stop, len(self.template)) if tokenizer is not None else None
 
     # -- derived state ---------------------------------------------------------------------
 
@@ -75,23 +106,6 @@ class Sequence:
         return len(self.canvas)
 
     @property
-    def num_blocks(self) -> int:
-        return -(-self.params.max_tokens // self.block_length)
-
-    @property
-    def block_start(self) -> int:
-        return self.prompt_len + self.block_index * self.block_length
-
-    @property
-    def block_end(self) -> int:
-        return min(self.block_start + self.block_length, self.length)
-
-    @property
-    def masked_in_block(self) -> list[int]:
-        mask = self.mask_id
-        return [i for i in range(self.block_start, self.block_end) if self.canvas[i] == mask]
-
-    @property
     def is_finished(self) -> bool:
         return self.status is Status.FINISHED
 
@@ -101,51 +115,40 @@ class Sequence:
         end = self.output_end if self.output_end is not None else self.prefix_end
         return self.canvas[self.prompt_len:end]
 
-    def window(self, shift: int) -> tuple[int, int, bool]:
-        """Canvas range ``[start, end)`` to feed in this pass, and whether it goes through the cache.
+    @property
+    def kv_positions(self) -> int:
+        """Positions whose keys and values need pages (0: this request never pages)."""
+        return 0
 
-        ``shift`` is the model's logit shift: a shifted model reads slot i's logits at i - 1, so the
-        window starts one earlier to include that row.
-        """
-        mode = self.params.cache
-        if mode == "none":
-            return 0, self.length, False
-        if self.step_in_block == 0:               # block start: refresh every position's K/V
-            return 0, self.length, True
-        start = self.block_start - shift
-        return start, (self.length if mode == "prefix" else self.block_end), True
+    def prefix_hashes(self, page_size: int) -> list[int]:
+        """Hashes of the full prompt pages others may share (none unless block-causal)."""
+        return []
 
-    # -- transitions -----------------------------------------------------------------------
+    # -- what the subclasses provide ---------------------------------------------------------
 
-    def begin_block_if_needed(self) -> None:
-        if self.block_state is None:
-            steps = self.sampler.steps_for_block(self.params, self.block_start - self.prompt_len,
-                                                 self.block_end - self.prompt_len)
-            self.block_state = self.sampler.begin_block(len(self.masked_in_block), steps, self.params)
+    @abstractmethod
+    def plan(self, shift: int) -> Pass:
+        """The next forward this request needs."""
 
-    def commit(self, positions: list[int], token_ids: list[int]) -> None:
-        """Write one pass's choices and advance the block cursor and the committed prefix."""
+    @abstractmethod
+    def apply(self, step: Pass, commit=None, ar_tokens: list[int] | None = None) -> None:
+        """Record a finished pass: the sampler's ``commit`` (denoise) or the argmax of a cache pass."""
+
+    # -- shared transitions ----------------------------------------------------------------
+
+    def write(self, positions: list[int], token_ids: list[int]) -> None:
         for pos, tok in zip(positions, token_ids):
             self.canvas[pos] = tok
-        self.num_forward_passes += 1
-        self.step_in_block += 1
-        self._advance()
 
-    def _advance(self) -> None:
-        """Extend the committed prefix (finishing at a stop token or a full canvas) and move the
-        block cursor past blocks that have no masked slot left."""
-        while self.prefix_end < self.length and self.canvas[self.prefix_end] != self.mask_id:
+    def scan_prefix(self, limit: int) -> bool:
+        """Extend the final prefix over committed tokens up to ``limit``; finish at a stop token past
+        the template (True when the request finished)."""
+        while self.prefix_end < limit and self.canvas[self.prefix_end] != self.mask_id:
             if self.canvas[self.prefix_end] in self.stop_ids and self.prefix_end >= self.template_end:
                 self.finish("stop", stop_reason=self.canvas[self.prefix_end], output_end=self.prefix_end)
-                return
+                return True
             self.prefix_end += 1
-        if self.prefix_end == self.length:
-            self.finish("length", output_end=self.length)
-            return
-        while not self.masked_in_block:
-            self.block_index += 1
-            self.step_in_block = 0
-            self.block_state = None
+        return False
 
     def finish(self, reason: str, stop_reason=None, output_end: int | None = None) -> None:
         self.status = Status.FINISHED
@@ -178,7 +181,7 @@ class Sequence:
                 request_id=self.request_id, prompt_token_ids=self.prompt_token_ids, token_ids=tokens,
                 text=self.detokenizer.text if self.detokenizer is not None else None,
                 finish_reason=self.finish_reason, stop_reason=self.stop_reason,
-                num_forward_passes=self.num_forward_passes,
+                num_forward_passes=self.num_forward_passes, num_cache_passes=self.num_cache_passes,
                 metrics={"latency_s": now - self.arrival_time,
                          "ttft_s": (self.first_token_time or now) - self.arrival_time})
         return StreamChunk(self.request_id, delta_ids, delta_text, self.is_finished, self.finish_reason, output,

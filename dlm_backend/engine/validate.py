@@ -40,4 +40,15 @@ def check_request(engine, prompt_token_ids: list[int], params: SamplingParams,
             raise DLMError(f"Response template tokens must be None or integers in [0, {vocab}).")
     sampler = find_sampler(engine.samplers, params.sampler)
     sampler.validate(params)
+    seq = engine.new_sequence(prompt_token_ids, params, sampler, response_template=response_template)
+    if seq.length > engine.max_model_len:      # a block family's canvas ends at a block boundary
+        raise ContextLengthError(
+            f"The canvas ({seq.length} positions: prompt {len(prompt_token_ids)}, max_tokens {params.max_tokens}, "
+            f"up to the end of its last block) is over the model's context of {engine.max_model_len}. Shorten "
+            "the prompt or lower max_tokens.")
+    pages = engine.allocator.pages_for(seq.kv_positions)
+    if pages > engine.allocator.num_pages:
+        raise ContextLengthError(
+            f"The request needs {pages} KV pages and the whole cache holds {engine.allocator.num_pages}. Lower "
+            "max_tokens or the prompt, or give the engine more kv_cache_memory.")
     return sampler

@@ -57,7 +57,8 @@ def test_cache_reduces_tokens_per_pass_not_passes(cache):
                                                         cache=cache, ignore_eos=True))
     fed = []
     while llm.engine.has_unfinished:
-        start, end, _ = seq.window(0)
+        step = seq.plan(0)
+        start, end = step.start, step.end
         fed.append(end - start)
         llm.engine.step()
     assert len(fed) == 24
@@ -234,16 +235,16 @@ def run_to_end(engine) -> dict:
 def test_failing_request_in_a_batch_fails_alone(monkeypatch):
     llm = LLM(str(PARITY / "dream-tiny"))
     engine = llm.engine
-    original = engine.runner._generator_for
+    original = engine.runner._random_for
 
-    def generator_for(seq):
+    def random_for(seq):
         if seq.params.seed == 13:
             raise RuntimeError("injected failure")
         return original(seq)
 
     params = SamplingParams(sampler="llada", max_tokens=8, block_length=8, ignore_eos=True)
     solo = llm.generate(prompt_token_ids=[PROMPT], sampling_params=params)[0].token_ids
-    monkeypatch.setattr(engine.runner, "_generator_for", generator_for)
+    monkeypatch.setattr(engine.runner, "_random_for", random_for)
     good = engine.add_request(PROMPT, params)
     bad = engine.add_request(PROMPT, params.replace(seed=13))
     final = run_to_end(engine)
@@ -298,14 +299,14 @@ def test_request_aborted_by_another_thread_returns_abort():
 def test_failing_request_fails_alone(monkeypatch):
     llm = LLM(str(PARITY / "llada-tiny"))
     bad_seed = 13
-    original = llm.engine.runner._generator_for
+    original = llm.engine.runner._random_for
 
-    def generator_for(seq):
+    def random_for(seq):
         if seq.params.seed == bad_seed:
             raise RuntimeError("injected failure")
         return original(seq)
 
-    monkeypatch.setattr(llm.engine.runner, "_generator_for", generator_for)
+    monkeypatch.setattr(llm.engine.runner, "_random_for", random_for)
     params = SamplingParams(sampler="llada", max_tokens=8, block_length=8, ignore_eos=True)
     good = llm.generate(prompt_token_ids=[PROMPT], sampling_params=params)[0]
     with pytest.raises(EngineError, match="injected failure"):
@@ -345,12 +346,17 @@ def test_a_stop_token_in_a_template_slot_does_not_cut_off_the_skeleton():
     later slots and the closing braces; after the template a stop token ends it as usual."""
     from dlm_backend.engine.samplers.base import TokenInfo
     from dlm_backend.engine.samplers.llada import LLaDASampler
-    from dlm_backend.engine.sequence import Sequence
+    from dlm_backend.engine.canvas import CanvasSequence
+    from dlm_backend.engine.samplers.base import Commit
 
     mask, eos, fixed = 9, 2, 5
     params = SamplingParams(sampler="llada", max_tokens=6, block_length=6)
-    seq = Sequence([1, 1], params, LLaDASampler(), TokenInfo(mask, (eos,)), response_template=[None, None, fixed])
-    seq.commit([2, 3], [7, eos])                 # the value and a pad in its slots
+    seq = CanvasSequence([1, 1], params, LLaDASampler(), TokenInfo(mask, (eos,)), response_template=[None, None, fixed])
+
+    def commit(positions, tokens):
+        step = seq.plan(0)
+        seq.apply(step, Commit([step.candidates.index(p) for p in positions], tokens))
+    commit([2, 3], [7, eos])                     # the value and a pad in its slots
     assert not seq.is_finished and seq.prefix_end == 5
-    seq.commit([5, 6], [eos, 7])                 # after the template: a stop
+    commit([5, 6], [eos, 7])                     # after the template: a stop
     assert seq.is_finished and seq.finish_reason == "stop" and seq.output_end == 5

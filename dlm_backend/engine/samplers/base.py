@@ -9,7 +9,7 @@ from ``begin_block`` and is kept on the sequence.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 import torch
@@ -28,13 +28,18 @@ class TokenInfo:
 
 @dataclass
 class StepInput:
-    logits: torch.Tensor          # [N, V] for the N masked slots of the block, model dtype
+    logits: torch.Tensor          # [N, V] for the N candidate slots of the block, model dtype
     positions: list[int]          # their canvas positions, ascending
     step: int                     # pass index inside the current block, from 0
     block_state: object           # what begin_block returned
     params: SamplingParams
     generator: torch.Generator
     tokens: TokenInfo
+    #: editing samplers (``edits``) also get the block's committed slots: their current tokens, and
+    #: whether each candidate is still masked
+    current: list[int] = field(default_factory=list)
+    masked: list[bool] = field(default_factory=list)
+    random: object = None         # the request's draws (samplers/random.py); None: use ``generator``
 
 
 @dataclass
@@ -80,6 +85,37 @@ class Sampler(ABC):
     @abstractmethod
     def step(self, inp: StepInput) -> Commit:
         """Choose the slots to commit in this pass (at least one when any are masked)."""
+
+    # -- block-diffusion families (engine/blocks.py) ---------------------------------------------
+
+    #: the sampler rewrites committed slots of the current block (LLaDA2.1 token editing)
+    edits: ClassVar[bool] = False
+    #: a block's first slot is the argmax of the pass that cached the previous block (Fast-dLLM v2)
+    ar_first_token: ClassVar[bool] = False
+
+    def layout(self, prompt_len: int, max_tokens: int, block: int) -> tuple[int, int]:
+        """(canvas end, output end) of a block-diffusion request: blocks aligned to position 0 up to
+        the one holding ``prompt_len + max_tokens``, the output cut there."""
+        end = prompt_len + max_tokens
+        return -(-end // block) * block, end
+
+    def sub_block(self, params: SamplingParams) -> int | None:
+        """Slots of a block decided left to right, one sub-block at a time (None: the whole block)."""
+        return None
+
+    def block_done(self, block_state, masks_before: int, masks_left: int, edits: int,
+                   params: SamplingParams) -> bool:
+        """Whether the current block is finished after a pass (default: no masked slot left)."""
+        return masks_left == 0
+
+    def early_stop(self, params: SamplingParams) -> bool:
+        """End a block-diffusion request as soon as a stop token is final (else at a block's end)."""
+        return params.eos_early_stop
+
+    def stops_at_block_end(self, params: SamplingParams) -> bool:
+        """Without early stop: end the request after the block in which a stop token appears (LLaDA2.0,
+        SDAR) rather than generating every block and cutting the output (LLaDA2.1)."""
+        return True
 
     def step_from_stats(self, stats, params: SamplingParams) -> Commit:
         """Like :meth:`step` for a greedy pass, from ``UnmaskStats`` of the masked slots (token and

@@ -93,30 +93,34 @@ def test_buckets():
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_static_block_step_equals_varlen_path(family, monkeypatch):
-    """The fixed-shape padded step (what a CUDA graph replays), run eagerly on CPU, gives the varlen
+    """The fixed-shape padded step (what a CUDA graph replays), run eagerly on CPU, gives the packed
     path's hidden states at every pass (to fp32 rounding: masked vs sliced keys, other GEMM shapes)
-    and the same tokens. Three requests pad to a bucket of 4."""
+    and the same tokens. Three requests pad to a bucket of 4; padding rows use the scratch page."""
     prompts = [PROMPT, PROMPT[:5], PROMPT[3:] + [7, 8, 9]]
     params = SamplingParams(sampler="threshold", max_tokens=16, block_length=8, threshold=0.2, cache="dual",
                             ignore_eos=True)
     llm = LLM(str(PARITY / family), device="cpu", kernels="torch")
     want = llm.generate(prompt_token_ids=prompts, sampling_params=params)
     runner = llm.engine.runner
-    runner.graphs = BlockGraphs(runner.model, runner.dtype, runner.device, capture=False, triton=False)
-    static_forward, compared = runner._forward_static, []
+    runner.graphs = BlockGraphs(runner.model, runner.pool, runner.device, capture=False, triton=False)
+    static_forward, compared = runner.graphs.forward, []
 
-    def checked(seqs, shift, q_len):
-        hidden, plans = static_forward(seqs, shift, q_len)
-        ref, ref_plans = runner._forward_packed(seqs, shift)
-        for (_, rows, _), (_, ref_rows, _) in zip(plans, ref_plans):
-            torch.testing.assert_close(hidden[rows], ref[ref_rows], atol=1e-4, rtol=1e-4)
+    def checked(seqs, steps, shift):
+        hidden, rows = static_forward(seqs, steps, shift)
+        snapshot = (runner.pool.k.clone(), runner.pool.v.clone())     # the packed path writes the same keys
+        ref, ref_rows = runner._forward(seqs, steps, shift)
+        runner.pool.k.copy_(snapshot[0])
+        runner.pool.v.copy_(snapshot[1])
+        for r, rr in zip(rows, ref_rows):
+            torch.testing.assert_close(hidden[r], ref[rr], atol=1e-4, rtol=1e-4)
         compared.append(len(seqs))
-        return hidden, plans
+        return hidden, rows
 
-    monkeypatch.setattr(runner, "_forward_static", checked)
+    monkeypatch.setattr(runner.graphs, "forward", checked)
     got = llm.generate(prompt_token_ids=prompts, sampling_params=params)
+    runner.graphs = None
     # The static path really ran, with all three (padded to a bucket of 4) and, once their blocks fell
-    # out of step, with fewer beside a varlen forward for the sequences at a block start.
+    # out of step, with fewer beside a packed forward for the sequences at a block start.
     assert 3 in compared and min(compared) < 3
     assert [o.token_ids for o in got] == [o.token_ids for o in want]
 
