@@ -34,7 +34,8 @@ def _add_sampling_args(p: argparse.ArgumentParser) -> None:
         if knob.kind is bool:
             g.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None, help=shown)
         elif knob.kind is list:
-            g.add_argument(flag, dest=name, action="append", default=None, help=shown + " (repeatable)")
+            g.add_argument(flag, dest=name, action="append", type=knob.item, default=None,
+                           help=shown + " (repeatable)")
         else:
             g.add_argument(flag, dest=name, type=knob.kind, choices=knob.choices, default=None, help=shown)
 

@@ -35,7 +35,7 @@ def knob_fields(field) -> dict:
     out = {}
     for name, knob in KNOBS.items():
         public = knob.aliases[0] if name in TAKEN else name
-        kind = list[str] if knob.kind is list else knob.kind
+        kind = list[knob.item] if knob.kind is list else knob.kind
         default = getattr(DEFAULTS, name)
         out[public] = (kind | None, field(default=None, description=f"{knob.doc} (default {default!r})"))
     return out

@@ -128,7 +128,6 @@ class LLMEngine:
         chunk = seq.take_chunk(time.monotonic())
         self.stats.record_finish("abort")
         self.scheduler.remove_finished()
-        self.runner.free(seq)
         return chunk
 
     @property
@@ -173,11 +172,10 @@ class LLMEngine:
             if chunk.finished:
                 self.stats.record_finish("error" if chunk.error else chunk.finish_reason)
         for seq in batch:                     # prompt pages now cached become shareable
-            if isinstance(seq, BlockSequence) and not seq.is_finished:
+            if not seq.is_finished:
                 for page, h in seq.clean_prompt_pages(self.page_size):
                     self.allocator.publish(page, h)
-        for seq in self.scheduler.remove_finished():
-            self.runner.free(seq)
+        self.scheduler.remove_finished()
         return chunks
 
     def _run_isolated(self, batch: list[Sequence]) -> None:

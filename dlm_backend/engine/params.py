@@ -41,6 +41,7 @@ class Knob:
     nullable: bool = False            # None allowed (it means what ``doc`` says)
     checkpoint: bool = False          # a checkpoint's ``dlm_sampling`` may set it
     aliases: tuple[str, ...] = ()     # other names the front doors accept (where the framework has not taken them)
+    item: type = str                  # a list knob's element type
 
     def check(self, name: str, value):
         """``value`` if it is allowed for field ``name``, else a SamplingParamsError naming the rule."""
@@ -49,12 +50,16 @@ class Knob:
         kinds = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
         ok = isinstance(value, bool) if self.kind is bool else (
             isinstance(value, (int, float) if self.kind is float else self.kind) and not isinstance(value, bool))
-        if self.kind is list:
+        if self.kind is list and self.item is str:
             ok = isinstance(value, list) and len(value) <= MAX_STOP and all(
                 isinstance(s, str) and 0 < len(s) <= MAX_STOP_CHARS for s in value)
+        elif self.kind is list:
+            ok = isinstance(value, list) and len(value) <= MAX_STOP and all(
+                isinstance(i, int) and not isinstance(i, bool) and 0 <= i < MAX_LENGTH for i in value)
         if not ok:
             want = kinds.get(self.kind, f"a string or a list of at most {MAX_STOP} non-empty strings of up to "
-                                        f"{MAX_STOP_CHARS} characters")
+                                        f"{MAX_STOP_CHARS} characters" if self.item is str else
+                             f"a list of at most {MAX_STOP} token ids")
             raise SamplingParamsError(f"Invalid SamplingParams: {name} must be {want}"
                                       f"{' (or null)' if self.nullable else ''}, got {value!r:.80}.", param=name)
         if self.kind is float and not math.isfinite(value):
@@ -115,7 +120,9 @@ class SamplingParams:
     seed: int | None = knob(None, "fixes sampled output", int, low=-2**63, high=2**64, high_open=True,
                             nullable=True)
     stop: list[str] = knob([], "strings that end the output (not included)", list)
-    ignore_eos: bool = knob(False, "keep going past end-of-sequence tokens", bool)
+    stop_token_ids: list[int] = knob([], "token ids that end the output besides the model's end tokens (the "
+                                     "token is the output's stop_reason)", list, item=int)
+    ignore_eos: bool = knob(False, "keep going past the model's end tokens (stop_token_ids still stop)", bool)
     cache: str = knob("dual", "KV cache: none (reference-exact), prefix or dual", str, choices=CACHE_MODES,
                       checkpoint=True, aliases=("kv_cache",))
     threshold: float = knob(0.9, "threshold rule: commit slots at least this confident", float, low=0, high=1,
@@ -152,6 +159,8 @@ class SamplingParams:
             self.stop = [self.stop] if isinstance(self.stop, str) else list(self.stop)
         if self.stop is None:
             self.stop = []
+        if self.stop_token_ids is None:
+            self.stop_token_ids = []
         for name, spec in KNOBS.items():
             spec.check(name, getattr(self, name))
         if self.temperature < GREEDY_BELOW:
