@@ -115,7 +115,7 @@ def cmd_serve(args) -> int:
     if not loopback and not api_key and not args.allow_unauthenticated:
         raise DLMError(f"Serving on {args.host} without an API key lets anyone who can reach this port use the "
                        "model. Set --api-key (or DLM_API_KEY), or pass --allow-unauthenticated if that is intended.")
-    limits = EngineLimits(**{f.name: getattr(args, f.name) for f in fields(EngineLimits)})
+    limits = {f.name: getattr(args, f.name) for f in fields(EngineLimits) if getattr(args, f.name) is not None}
     config = ServerConfig(model=args.model, served_name=args.served_model_name, device=args.device,
                           dtype=args.dtype, api_key=api_key, max_body_bytes=args.max_body_bytes,
                           max_tokens_limit=args.max_tokens_limit, max_prompt_tokens=args.max_prompt_tokens,
@@ -177,7 +177,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="largest max_tokens a request may ask")
     p.add_argument("--max-prompt-tokens", type=int, default=None, help="longest prompt (default: the context)")
     for f in fields(EngineLimits):          # the engine's limits, with their defaults, stated once there
-        p.add_argument("--" + f.name.replace("_", "-"), type=int, default=f.default, help=f"engine limit (default {f.default})")
+        p.add_argument("--" + f.name.replace("_", "-"), type=int, default=None,
+                       help=f"engine limit (default: the engine's own; on a fresh engine "
+                            f"{f.default if f.default is not None else 'the model context'})")
     p.set_defaults(func=cmd_serve)
     sub.add_parser("models", help="list supported architectures").set_defaults(func=cmd_models)
     sub.add_parser("plugins", help="list loaded plugins and samplers").set_defaults(func=cmd_plugins)

@@ -47,6 +47,11 @@ class LLM:
             self._closed = True
             shared.release(self._loop)
 
+    @property
+    def closed(self) -> bool:
+        """Whether ``close()`` gave this handle back (it cannot be used again)."""
+        return self._closed
+
     def __enter__(self) -> "LLM":
         return self
 

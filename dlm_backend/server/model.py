@@ -49,7 +49,8 @@ class ServedModel:
 
     @property
     def capacity(self) -> int:
-        return self.cfg.limits.max_num_seqs + self.cfg.limits.max_waiting
+        limits = self.llm().engine.limits           # the shared engine's: another front door may set them
+        return limits.max_num_seqs + limits.max_waiting
 
     @property
     def loaded(self) -> LLM | None:
@@ -62,7 +63,7 @@ class ServedModel:
                 if self._llm is None:
                     try:
                         self._llm = LLM(self.cfg.model, device=self.cfg.device, dtype=self.cfg.dtype,
-                                        **vars(self.cfg.limits))
+                                        **self.cfg.limits)
                     except DLMError as exc:
                         log.error("the model could not be loaded: %s", exc)
                         raise Unavailable("The model could not be loaded; the server's log says why.") from None
@@ -73,10 +74,11 @@ class ServedModel:
 
     def reserve(self) -> Slot:
         """A slot for one request, or Busy when every slot is taken."""
+        limits = self.llm().engine.limits           # read before the lock: a first use loads the model
         with self.lock:
-            if self.held >= self.capacity:
-                raise Busy(f"The server is at capacity ({self.cfg.limits.max_num_seqs} running, "
-                           f"{self.cfg.limits.max_waiting} queued); retry shortly.")
+            if self.held >= limits.max_num_seqs + limits.max_waiting:
+                raise Busy(f"The server is at capacity ({limits.max_num_seqs} running, "
+                           f"{limits.max_waiting} queued); retry shortly.")
             self.held += 1
         return Slot(self)
 
