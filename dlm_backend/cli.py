@@ -1,4 +1,4 @@
-"""The ``dlm`` command: generate, chat, models, plugins."""
+"""The ``dlm`` command: generate, chat, serve, models, plugins, parity."""
 
 from __future__ import annotations
 
@@ -135,6 +135,12 @@ def cmd_models(args) -> int:
     return 0
 
 
+def cmd_parity(args) -> int:
+    from dlm_backend.parity import main as parity
+
+    return parity(args.folders, replay=args.replay, device=args.device)
+
+
 def cmd_plugins(args) -> int:
     from dlm_backend.plugins import plugin_listing, registered_adapters, registered_samplers
 
@@ -183,6 +189,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_serve)
     sub.add_parser("models", help="list supported architectures").set_defaults(func=cmd_models)
     sub.add_parser("plugins", help="list loaded plugins and samplers").set_defaults(func=cmd_plugins)
+    p = sub.add_parser("parity", help="check the engine against a fixture folder's recorded reference runs")
+    p.add_argument("folders", nargs="+", metavar="FIXTURE_DIR",
+                   help="checkpoint folder with cases.json and expected_logits.safetensors")
+    p.add_argument("--replay", action="store_true",
+                   help="hand the engine the random draws a sampled reference run recorded (default: same seed)")
+    p.add_argument("--device", default=None, help="cpu (default) or cuda")
+    p.set_defaults(func=cmd_parity)
     load_plugins().hook.register_commands(subparsers=sub)
     return parser
 

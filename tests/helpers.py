@@ -120,21 +120,10 @@ def parity_cases(name: str):
 
 
 def parity_params(case: dict):
-    """The SamplingParams that reproduce a parity case's reference sampler call."""
-    from dlm_backend import SamplingParams
+    """The SamplingParams that reproduce a parity case's reference sampler call (``dlm parity``'s mapping)."""
+    from dlm_backend.parity.cases import SAMPLERS
 
-    kind = case["sampler"]
-    if kind == "llada.generate":
-        return SamplingParams(sampler="llada", max_tokens=case["gen_length"], block_length=case["block_length"],
-                              steps=case["steps"], temperature=case["temperature"],
-                              remasking=case["remasking"], cache="none", ignore_eos=True)
-    if kind == "fast_dllm.generate(threshold)":
-        return SamplingParams(sampler="threshold", max_tokens=case["gen_length"],
-                              block_length=case["block_length"], threshold=case["threshold"],
-                              cache="none", ignore_eos=True)
-    assert kind == "dream.diffusion_generate", kind
-    return SamplingParams(sampler="dream", max_tokens=case["max_new_tokens"], steps=case["steps"],
-                          alg=case["alg"], temperature=case["temperature"], cache="none", ignore_eos=True)
+    return SAMPLERS[case["sampler"]](case, {}).params[0]
 
 
 def forward(model, ids, pos_start: int = 0, cache=None, triton: bool = False):
