@@ -23,6 +23,9 @@ BLOCK = 32              # the reference generate()'s block_size default (bd_size
 class Fast_dLLM_QwenForCausalLM(DreamModel):  # noqa: N801 - the checkpoint's architectures name
     """Fast-dLLM v2 1.5B / 7B: Qwen2.5 layers decoded block-causally in blocks of ``bd_size``."""
 
+    # The paper's parallel set-up: threshold 0.9 in sub-blocks of 8 with the block cache.
+    sampling_defaults = {"sampler": "fastdllm2", "threshold": 0.9, "sub_block_length": 8, "cache": "dual"}
+
     @classmethod
     def args_from_config(cls, c: dict) -> ModelArgs:
         if c.get("use_sliding_window"):
