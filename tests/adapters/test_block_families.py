@@ -58,6 +58,16 @@ def test_server_chat_streaming_tools_and_schema(block_chat):
             response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": PERSON}})
         person = json.loads(r.choices[0].message.content)
         assert set(person) == {"name", "age"} and isinstance(person["age"], int)
+        # An agent's long system prompt is computed once: the second request finds its pages cached.
+        system = {"role": "system", "content": "You are a careful assistant. " * 12}
+        for question in ("What is the capital of France?", "Name three prime numbers."):
+            client.chat.completions.create(model="block", messages=[system, {"role": "user", "content": question}],
+                                           max_tokens=8)
+        import httpx
+        metrics = dict(line.rsplit(" ", 1) for line in httpx.get(url + "/metrics").text.splitlines()
+                       if line and not line.startswith("#"))
+        assert float(metrics["dlm_prefix_cache_hits_total"]) >= 4
+        assert 0 < float(metrics["dlm_prefix_cache_hit_rate"]) <= 1 and float(metrics["dlm_kv_cache_pages"]) > 0
 
 
 def test_langchain_invoke_stream_tools_and_structured_output(block_chat):
