@@ -8,7 +8,7 @@ import os
 import sys
 from dataclasses import fields
 
-from dlm_backend.engine.config import EngineLimits
+from dlm_backend.engine.config import CPU_KV_BYTES, GPU_KV_FRACTION, EngineLimits
 from dlm_backend.errors import DLMError
 from dlm_backend.server.config import ServerConfig
 
@@ -119,7 +119,8 @@ def cmd_serve(args) -> int:
     config = ServerConfig(model=args.model, served_name=args.served_model_name, device=args.device,
                           dtype=args.dtype, api_key=api_key, max_body_bytes=args.max_body_bytes,
                           max_tokens_limit=args.max_tokens_limit, max_prompt_tokens=args.max_prompt_tokens,
-                          limits=limits, allowed_hosts=list(LOOPBACK_NAMES) if loopback and not api_key else None)
+                          limits=limits, kv_cache_memory=args.kv_cache_memory, prefix_caching=args.prefix_caching,
+                          allowed_hosts=list(LOOPBACK_NAMES) if loopback and not api_key else None)
     app = create_app(config=config)
     if not args.lazy:
         app.state.llm()           # load before accepting connections
@@ -182,6 +183,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens-limit", type=int, default=defaults.max_tokens_limit,
                    help="largest max_tokens a request may ask")
     p.add_argument("--max-prompt-tokens", type=int, default=None, help="longest prompt (default: the context)")
+    p.add_argument("--kv-cache-memory", type=int, default=None, metavar="BYTES",
+                   help=f"KV cache shared by all requests (default: {GPU_KV_FRACTION:.0%%} of the GPU memory left "
+                        f"after the weights, {CPU_KV_BYTES / 2**30:g} GiB on CPU); requests wait for free pages")
+    p.add_argument("--prefix-caching", action=argparse.BooleanOptionalAction, default=None,
+                   help="share the keys and values of identical prompt prefixes (default: on)")
     for f in fields(EngineLimits):          # the engine's limits, with their defaults, stated once there
         p.add_argument("--" + f.name.replace("_", "-"), type=int, default=None,
                        help=f"engine limit (default: the engine's own; on a fresh engine "

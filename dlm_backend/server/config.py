@@ -29,6 +29,8 @@ class ServerConfig:
     max_tokens_limit: int = 4096            # largest max_tokens a request may ask for
     max_prompt_tokens: int | None = None    # default: the model's context minus max_tokens
     limits: dict[str, int] | EngineLimits = field(default_factory=dict)
+    kv_cache_memory: int | None = None      # bytes of KV pages (default: the engine's, see EngineConfig)
+    prefix_caching: bool | None = None      # share identical prompt prefixes (default: on)
     #: Host header values accepted when no API key is set (DNS rebinding: a web page's script can
     #: reach a loopback server under its own host name); None checks nothing.
     allowed_hosts: list[str] | None = field(default_factory=lambda: list(LOOPBACK_NAMES))

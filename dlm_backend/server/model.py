@@ -63,7 +63,8 @@ class ServedModel:
                 if self._llm is None:
                     try:
                         self._llm = LLM(self.cfg.model, device=self.cfg.device, dtype=self.cfg.dtype,
-                                        **self.cfg.limits)
+                                        kv_cache_memory=self.cfg.kv_cache_memory,
+                                        prefix_caching=self.cfg.prefix_caching, **self.cfg.limits)
                     except DLMError as exc:
                         log.error("the model could not be loaded: %s", exc)
                         raise Unavailable("The model could not be loaded; the server's log says why.") from None
