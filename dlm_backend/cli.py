@@ -184,7 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="largest max_tokens a request may ask")
     p.add_argument("--max-prompt-tokens", type=int, default=None, help="longest prompt (default: the context)")
     p.add_argument("--kv-cache-memory", type=int, default=None, metavar="BYTES",
-                   help=f"KV cache shared by all requests (default: {GPU_KV_FRACTION:.0%%} of the GPU memory left "
+                   help=f"KV cache shared by all requests (default: {GPU_KV_FRACTION * 100:.0f}%% of the GPU memory left "
                         f"after the weights, {CPU_KV_BYTES / 2**30:g} GiB on CPU); requests wait for free pages")
     p.add_argument("--prefix-caching", action=argparse.BooleanOptionalAction, default=None,
                    help="share the keys and values of identical prompt prefixes (default: on)")
