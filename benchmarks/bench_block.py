@@ -51,7 +51,7 @@ def llada2_reference(model, prompt: list[int], gen: int, block: int, mask_id: in
             masked = x[end - block:end] == mask_id
             if not masked.any():
                 break
-            with forward_context(ForwardContext(PackedAttention([Segment(slice(0, end), 0, None, block)]))):
+            with forward_context(ForwardContext(PackedAttention([Segment(slice(0, end), 0, block)]))):
                 logits = model.compute_logits(model(x[:end], torch.arange(end))[end - block:]).float()
             passes += 1
             probs = torch.softmax(logits, -1)

@@ -67,7 +67,7 @@ def reference_loop(model, prompt: list[int], gen: int, block: int, mask_id: int)
     passes = 0
     for b in range(gen // block):
         for _ in range(block):
-            with forward_context(ForwardContext(PackedAttention([Segment(slice(0, L), 0, None)]))):
+            with forward_context(ForwardContext(PackedAttention([Segment(slice(0, L), 0)]))):
                 logits = model.compute_logits(model(x, torch.arange(L)))
             passes += 1
             x0 = logits.argmax(-1)

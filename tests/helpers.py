@@ -170,15 +170,14 @@ def parity_params(case: dict):
     return SAMPLERS[case["sampler"]](case, {}).params[0]
 
 
-def forward(model, ids, pos_start: int = 0, cache=None, triton: bool = False):
-    """Hidden states of one sequence window ``ids`` at positions ``pos_start..`` (over ``cache`` if
-    given), as the runner computes them; and the logits of every row."""
+def forward(model, ids, triton: bool = False):
+    """Hidden states of one whole sequence ``ids`` (bidirectional, positions 0..), as the runner
+    computes them; and the logits of every row."""
     import torch
 
     from dlm_backend.engine.layers import ForwardContext, PackedAttention, Segment, forward_context
 
-    pos = torch.arange(pos_start, pos_start + len(ids), device=ids.device)
-    with forward_context(ForwardContext(PackedAttention([Segment(slice(0, len(ids)), pos_start, cache)]), triton)):
+    pos = torch.arange(len(ids), device=ids.device)
+    with forward_context(ForwardContext(PackedAttention([Segment(slice(0, len(ids)), 0)]), triton)):
         hidden = model(ids, pos)
         return hidden, model.compute_logits(hidden)
-

@@ -84,10 +84,10 @@ class ModelRunner:
                 pages.append(seq.pages)
                 blocks.append(step.block_size or 0)
             else:
-                plain.append(Segment(slice(row0, row0 + n), step.start, None, step.block_size))
+                plain.append(Segment(slice(row0, row0 + n), step.start, step.block_size))
             if step.cfg:            # unconditional copy: the prompt masked out (LLaDA's classifier-free guidance)
                 row1 = len(ids)
-                plain.append(Segment(slice(row1, row1 + n), step.start, None, step.block_size))
+                plain.append(Segment(slice(row1, row1 + n), step.start, step.block_size))
                 ids += [self.tokens.mask_id] * seq.prompt_len + seq.canvas[seq.prompt_len:step.end]
                 positions += range(step.start, step.end)
                 rows[i] += [row1 + max(p - shift - step.start, 0) for p in step.candidates]

@@ -40,16 +40,17 @@ def compare(name: str, got: torch.Tensor, want: torch.Tensor) -> Check:
 def packed_logits(model, rows: torch.Tensor, block: int | None) -> torch.Tensor:
     """Logits ``[B, T, V]`` of each row of ``rows [B, T]`` at positions 0.., packed in one forward."""
     B, T = rows.shape
-    segments = [Segment(slice(i * T, (i + 1) * T), 0, None, block) for i in range(B)]
+    segments = [Segment(slice(i * T, (i + 1) * T), 0, block) for i in range(B)]
     with forward_context(ForwardContext(PackedAttention(segments))):
         hidden = model(rows.reshape(-1), torch.arange(T, device=rows.device).repeat(B))
         return model.compute_logits(hidden).view(B, T, -1)
 
 
 class PagedRun:
-    """One sequence's passes over a KV pool of its own, as the runner makes them."""
+    """One sequence's passes over a KV pool of its own, as the runner makes them (``block`` 0:
+    bidirectional attention over the pool, the full-sequence families' caches)."""
 
-    def __init__(self, model, length: int, block: int, page_size: int = 16):
+    def __init__(self, model, length: int, block: int = 0, page_size: int = 16):
         a, p = model.args, next(model.parameters())
         self.model, self.block = model, block
         pages = -(-length // page_size)
@@ -57,15 +58,19 @@ class PagedRun:
         self.pages = list(range(pages))
 
     @torch.inference_mode()
-    def forward(self, ids: torch.Tensor, start: int, kv_end: int) -> torch.Tensor:
+    def forward(self, ids: torch.Tensor, start: int, kv_end: int, triton: bool = False) -> torch.Tensor:
         """Feed ``ids`` at positions ``start..`` (their keys and values go into the pool), attending
-        to the pool's positions ``0..kv_end`` block-causally; logits ``[n, V]``."""
+        to the pool's positions ``0..kv_end``; logits ``[n, V]``."""
+        return self.model.compute_logits(self.hidden(ids, start, kv_end, triton))
+
+    @torch.inference_mode()
+    def hidden(self, ids: torch.Tensor, start: int, kv_end: int, triton: bool = False) -> torch.Tensor:
+        """The hidden states ``[n, D]`` of :meth:`forward`."""
         n = ids.shape[0]
         backend = PagedBatch(self.pool, PackedAttention([]), [0, n], [start], [kv_end], [self.pages], [self.block],
                              ids.device)
-        with forward_context(ForwardContext(backend)):
-            hidden = self.model(ids, torch.arange(start, start + n, device=ids.device))
-            return self.model.compute_logits(hidden)
+        with forward_context(ForwardContext(backend, triton)):
+            return self.model(ids, torch.arange(start, start + n, device=ids.device))
 
 
 def router_checks(model, ids: torch.Tensor, block: int, expected: dict) -> list[Check]:

@@ -9,7 +9,7 @@ import torch
 from helpers import PARITY, forward
 
 from dlm_backend import LLM, SamplingParams
-from dlm_backend.engine.cache import KVCache
+from dlm_backend.parity.forward import PagedRun
 from dlm_backend.errors import EngineError
 
 PROMPT = json.loads((PARITY / "llada-tiny" / "cases.json").read_text())["cases"][0]["prompt"]
@@ -40,11 +40,11 @@ def test_cached_window_on_unchanged_canvas_equals_full_pass(family):
     a = model.args
     canvas = torch.tensor(PROMPT + [a.mask_token_id] * 16)
     L, bs, be = len(canvas), len(PROMPT) + 8, len(PROMPT) + 16
-    cache = KVCache(a.num_layers, a.num_kv_heads, L, a.head_dim, torch.float32, "cpu")
+    run = PagedRun(model, L)
     with torch.inference_mode():
-        full, _ = forward(model, canvas, 0, cache)
+        full = run.hidden(canvas, 0, L)
         for start, end in [(bs, L), (bs - 1, be)]:      # prefix window, shifted dual window
-            part, _ = forward(model, canvas[start:end], start, cache)
+            part = run.hidden(canvas[start:end], start, L)
             # A plumbing error moves logits by 0.1 or more; a window of other length can take another
             # float32 matmul kernel (a fresh clone on 2 threads saw 3.8e-5 on one of 576 logits).
             torch.testing.assert_close(part, full[start:end], atol=1e-4, rtol=1e-4)

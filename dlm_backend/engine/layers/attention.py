@@ -1,10 +1,11 @@
-"""Attention dispatch and the engine's packed, cache-aware attention.
+"""Attention dispatch and the engine's packed attention.
 
 Model code calls ``attention(q, k, v, layer)`` and never knows how the batch is laid out: the
 runner sets a :class:`ForwardContext` around each forward naming an attention *backend* (an object
 with ``attend(q, k, v, layer)``) and whether the Triton kernels run. The engine's backends are
 :class:`PackedAttention` (below: every sequence's query window packed into one ``[T, ...]`` batch,
-attention per sequence, optionally over its KV cache) and the static block step of engine/graphs.py;
+attention per sequence over its own keys), the paged pool's (layers/paged_attention.py) and the
+static block step of engine/graphs.py;
 code outside the engine (a training loop) brings its own. Per-forward metadata travels in the
 context, as in nano-vllm, so models keep the signature ``forward(input_ids, positions)``.
 
@@ -65,19 +66,17 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> 
 
 @dataclass
 class Segment:
-    """One sequence's slice of the packed batch.
+    """One sequence's slice of the packed batch, attending over its own rows only.
 
     ``rows``: its rows in the packed tensors. ``pos_start``: canvas position of its first query row.
-    ``cache``: a :class:`~dlm_backend.engine.cache.KVCache` to write the new keys/values into (at
-    ``pos_start..``) and to attend over in full; ``None`` attends over the new keys only.
     ``block_size``: ``None`` attends bidirectionally; L makes attention block-causal with blocks of
     L aligned to position 0 (a query at position i sees a key at j iff j // L <= i // L), as the
-    block-diffusion families (LLaDA2, SDAR, Fast-dLLM v2) are trained and decoded.
+    block-diffusion families (LLaDA2, SDAR, Fast-dLLM v2) are trained and decoded. Requests that
+    keep keys and values between passes attend over the paged pool instead (layers/paged_attention.py).
     """
 
     rows: slice
     pos_start: int
-    cache: object | None = None
     block_size: int | None = None
 
     def mask(self, n_keys: int, key_start: int, device) -> torch.Tensor | None:
@@ -91,7 +90,7 @@ class Segment:
 
 @dataclass
 class PackedAttention:
-    """Bidirectional attention for packed segments, each over its own keys (or its cache)."""
+    """Attention for packed segments, each over its own keys."""
 
     segments: list[Segment]
     #: per-forward int32 launch metadata for the kernel path, built at the first layer (one H2D copy).
@@ -99,56 +98,39 @@ class PackedAttention:
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
         if triton_enabled() and all(s.block_size is None for s in self.segments):
-            return self._kernel(q, k, v, layer)
+            return self._kernel(q, k, v)
         out = torch.empty_like(q)
         for seg in self.segments:
             qs = q[seg.rows].transpose(0, 1)                                   # [H, q, D]
             ks, vs = k[seg.rows].transpose(0, 1), v[seg.rows].transpose(0, 1)  # [Hkv, q, D]
-            key_start = seg.pos_start
-            if seg.cache is not None:
-                ks, vs = seg.cache.write(layer, seg.pos_start, ks, vs)         # [Hkv, L, D]
-                key_start = 0
-            mask = seg.mask(ks.shape[1], key_start, q.device)
+            mask = seg.mask(ks.shape[1], seg.pos_start, q.device)
             out[seg.rows] = sdpa(qs[None], ks[None], vs[None], mask)[0].transpose(0, 1)
         return out
 
-    def _kernel(self, q, k, v, layer: int) -> torch.Tensor:
-        """The Triton flash kernel: one launch for all uncached rows (their keys packed in ``k``, seen
-        through a batch stride of 0), one per cached sequence (its own cache tensor)."""
+    def _kernel(self, q, k, v) -> torch.Tensor:
+        """The Triton flash kernel, one launch for every segment (their keys packed in ``k``, seen
+        through a batch stride of 0; queries gathered only when the segments are not the leading rows)."""
         from dlm_backend.engine.kernels.attention import attention as flash
 
         dev = q.device
+        if "meta" not in self._meta:
+            cu, starts, lens = [0], [], []
+            for s in self.segments:
+                n = s.rows.stop - s.rows.start
+                cu.append(cu[-1] + n)
+                starts.append(s.rows.start)
+                lens.append(n)
+            index = None if starts == cu[:-1] else torch.cat(
+                [torch.arange(s.rows.start, s.rows.stop) for s in self.segments]).to(dev)
+            self._meta["meta"] = (_i32(cu, dev), _i32(starts, dev), _i32(lens, dev), max(lens), index, cu[-1])
+        cu, starts, lens, max_q, index, total = self._meta["meta"]
+        kv = [t.transpose(0, 1)[None].expand(len(self.segments), -1, -1, -1) for t in (k, v)]  # [B, Hkv, T, D]
+        o = flash(q if index is None else q[index], kv[0], kv[1], cu, starts, lens, max_q)
         out = torch.empty_like(q)
-        plain = [s for s in self.segments if s.cache is None]
-        if plain:
-            if "plain" not in self._meta:
-                # Each uncached segment attends over its own rows of k/v: k_start = its first row.
-                # Queries are gathered only when the segments are not already the leading rows.
-                cu, starts, lens = [0], [], []
-                for s in plain:
-                    n = s.rows.stop - s.rows.start
-                    cu.append(cu[-1] + n)
-                    starts.append(s.rows.start)
-                    lens.append(n)
-                index = None if starts == cu[:-1] else torch.cat(
-                    [torch.arange(s.rows.start, s.rows.stop) for s in plain]).to(dev)
-                self._meta["plain"] = (_i32(cu, dev), _i32(starts, dev), _i32(lens, dev), max(lens), index, cu[-1])
-            cu, starts, lens, max_q, index, total = self._meta["plain"]
-            kv = [t.transpose(0, 1)[None].expand(len(plain), -1, -1, -1) for t in (k, v)]  # [B, Hkv, T, D]
-            o = flash(q if index is None else q[index], kv[0], kv[1], cu, starts, lens, max_q)
-            if index is None:
-                out[:total] = o[:total]
-            else:
-                out[index] = o
-        for i, seg in enumerate(self.segments):
-            if seg.cache is None:
-                continue
-            ks, vs = seg.cache.write(layer, seg.pos_start, k[seg.rows].transpose(0, 1), v[seg.rows].transpose(0, 1))
-            if ("seg", i) not in self._meta:
-                n = seg.rows.stop - seg.rows.start
-                self._meta["seg", i] = (_i32([0, n], dev), _i32([0], dev), _i32([ks.shape[1]], dev), n)
-            cu, ks0, kl, n = self._meta["seg", i]
-            out[seg.rows] = flash(q[seg.rows], ks[None], vs[None], cu, ks0, kl, n)
+        if index is None:
+            out[:total] = o[:total]
+        else:
+            out[index] = o
         return out
 
 
@@ -174,14 +156,6 @@ def ranged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: to
         o = sdpa(q[cu[b]:cu[b + 1]].transpose(0, 1)[None], k[b, :, keys][None], v[b, :, keys][None])
         out[cu[b]:cu[b + 1]] = o[0].transpose(0, 1)
     return out
-
-
-def padded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_len: torch.Tensor) -> torch.Tensor:
-    """Torch attention for a static-shape batch (engine/graphs.py): q [B, M, Hq, D] (every sequence
-    has M rows), k/v [B, Hkv, L, D] with keys ``0..k_len[b]`` valid. A key mask instead of slicing
-    keeps it free of host syncs, so it can be captured in a CUDA graph."""
-    keep = torch.arange(k.shape[2], device=k.device)[None, :] < k_len[:, None]   # [B, L]
-    return sdpa(q.transpose(1, 2), k, v, keep[:, None, None, :]).transpose(1, 2)  # [B, M, Hq, D]
 
 
 def _i32(values: list[int], device) -> torch.Tensor:

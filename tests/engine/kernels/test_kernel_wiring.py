@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from dlm_backend import LLM, SamplingParams
-from dlm_backend.engine.cache import KVCache
+from dlm_backend.engine.kv import KVPool
+from dlm_backend.engine.layers.paged_attention import PagedBatch
 from dlm_backend.engine.graphs import BlockGraphs, bucket_for
 from dlm_backend.engine.config import EngineConfig
 from dlm_backend.engine.kernels import resolve_kernels
@@ -35,13 +36,14 @@ def test_dispatch_modes(monkeypatch):
 
 
 def _mixed_forward(model, ids, length, triton):
-    # An uncached segment, a cached one (writes into / reads its whole cache), another uncached one:
-    # the kernel path packs the two uncached ones into one launch through an index.
+    # A paged segment (writes into / reads its pages) first, then two unpaged ones at other row
+    # offsets: the kernel path runs the paged kernel and packs the two others into one launch.
     a, dev = model.args, ids.device
-    cache = KVCache(a.num_layers, a.num_kv_heads, length, a.head_dim, torch.float32, dev)
-    segs = [Segment(slice(0, 5), 0), Segment(slice(5, 5 + length), 0, cache), Segment(slice(5 + length, 26), 0)]
-    pos = torch.cat([torch.arange(5), torch.arange(length), torch.arange(26 - 5 - length)]).to(dev)
-    with forward_context(ForwardContext(PackedAttention(segs), triton)):
+    pool = KVPool(a.num_layers, a.num_kv_heads, a.head_dim, 16, 1, torch.float32, dev)
+    plain = PackedAttention([Segment(slice(length, length + 5), 0), Segment(slice(length + 5, 26), 0)])
+    backend = PagedBatch(pool, plain, [0, length], [0], [length], [[0]], [0], dev)
+    pos = torch.cat([torch.arange(length), torch.arange(5), torch.arange(26 - 5 - length)]).to(dev)
+    with forward_context(ForwardContext(backend, triton)):
         hidden = model(ids, pos)
         return hidden, model.compute_unmask_stats(hidden[:7], exclude_id=model.args.mask_token_id)
 

@@ -36,7 +36,7 @@ def model():
 def block_forward(model, rows: list[torch.Tensor]) -> torch.Tensor:
     """Logits of each sequence in ``rows`` (packed, each at positions 0..), block-causal with L."""
     T = len(rows[0])
-    segments = [Segment(slice(i * T, (i + 1) * T), 0, None, block_size=L) for i in range(len(rows))]
+    segments = [Segment(slice(i * T, (i + 1) * T), 0, block_size=L) for i in range(len(rows))]
     with torch.no_grad(), forward_context(ForwardContext(PackedAttention(segments))):
         hidden = model(torch.cat(rows), torch.arange(T).repeat(len(rows)))
         return model.compute_logits(hidden).view(len(rows), T, -1)
@@ -44,7 +44,7 @@ def block_forward(model, rows: list[torch.Tensor]) -> torch.Tensor:
 
 def test_block_mask_is_the_references():
     T = CASES["forward"]["seq_len"]
-    mask = Segment(slice(0, T), 0, None, block_size=L).mask(T, 0, "cpu")
+    mask = Segment(slice(0, T), 0, block_size=L).mask(T, 0, "cpu")
     assert torch.equal(mask, EXPECTED["block_mask"].bool())
 
 

@@ -11,12 +11,12 @@ import torch.nn.functional as F
 from helpers import FIXTURES
 from safetensors.torch import load_file, save_file
 
-from dlm_backend.engine.cache import KVCache
 from dlm_backend.engine.layers import ForwardContext, PackedAttention, Segment, forward_context
 from dlm_backend.engine.loader import read_config
 from dlm_backend.engine.models.registry import supported_architectures
 from dlm_backend.engine.models.sdar import SDARForCausalLM, SDARMLP, SDARMoeForCausalLM, SDARMoeSparseMoeBlock
 from dlm_backend.engine.weights import load_model
+from dlm_backend.parity.forward import PagedRun
 from dlm_backend.errors import CheckpointError
 
 FIXTURE = FIXTURES / "parity-block" / "sdar-tiny"
@@ -43,13 +43,13 @@ def run(model, ids: torch.Tensor, segments: list[Segment], positions: torch.Tens
 
 def full_forward(model, ids: torch.Tensor) -> torch.Tensor:
     T = len(ids)
-    return run(model, ids, [Segment(slice(0, T), 0, None, block_size=L)], torch.arange(T))
+    return run(model, ids, [Segment(slice(0, T), 0, block_size=L)], torch.arange(T))
 
 
 def test_config_facts(model):
     a = model.args
     assert (a.block_size, a.mask_token_id, a.head_dim, a.rotary_dim) == (L, CASES["mask_token_id"], 16, None)
-    assert Segment(slice(0, 16), 0, None, block_size=L).mask(16, 0, "cpu").equal(EXPECTED["block_mask"].bool())
+    assert Segment(slice(0, 16), 0, block_size=L).mask(16, 0, "cpu").equal(EXPECTED["block_mask"].bool())
 
 
 def test_forward_logits_match_reference(model):
@@ -59,17 +59,17 @@ def test_forward_logits_match_reference(model):
 def test_cached_block_logits_match_reference(model):
     # The reference's denoise path: the first T-L tokens write the cache, the last block reads it.
     ids = EXPECTED["input_ids"][0]
-    T, a = len(ids), model.args
-    cache = KVCache(a.num_layers, a.num_kv_heads, T, a.head_dim, FP32, "cpu")
-    run(model, ids[:T - L], [Segment(slice(0, T - L), 0, cache, block_size=L)], torch.arange(T - L))
-    logits = run(model, ids[T - L:], [Segment(slice(0, L), T - L, cache, block_size=L)], torch.arange(T - L, T))
+    T = len(ids)
+    run = PagedRun(model, T, L)
+    run.forward(ids[:T - L], 0, T - L)
+    logits = run.forward(ids[T - L:], T - L, T)
     torch.testing.assert_close(logits, EXPECTED["cached_block_logits"][0], **TOL)
 
 
 def test_batch_of_two_matches_reference(model):
     batch = EXPECTED["batch_input_ids"]
     T = batch.shape[1]
-    segments = [Segment(slice(0, T), 0, None, block_size=L), Segment(slice(T, 2 * T), 0, None, block_size=L)]
+    segments = [Segment(slice(0, T), 0, block_size=L), Segment(slice(T, 2 * T), 0, block_size=L)]
     logits = run(model, batch.reshape(-1), segments, torch.arange(T).repeat(2))
     torch.testing.assert_close(logits.view(2, T, -1), EXPECTED["batch_logits"], **TOL)
 
