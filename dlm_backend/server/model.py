@@ -1,7 +1,10 @@
 """The model behind one server: loaded once off the event loop, its limits, and the slots it holds.
 
 A request takes a slot before anything is queued or a 200 goes out, and gives it back when its
-response ends (a stream: when the stream closes, however it closes). The slots are the engine's
+response ends (a stream: when the stream closes, however it closes). The slot is a context manager
+that gives it back on leaving, unless a stream took it over with :meth:`Slot.hand_over`: a streamed
+request refused before its stream began kept its slot, and eight such 400s left a 4 + 4 server
+answering 429 to everyone. The slots are the engine's
 capacity, ``max_num_seqs`` running plus ``max_waiting`` queued, so a burst past it is a 429 with
 Retry-After at once, never a 200 whose stream then carries an error.
 """
@@ -29,14 +32,28 @@ class Unavailable(Exception):
 
 
 class Slot:
+    """One request's place in the engine's capacity; given back exactly once."""
+
     def __init__(self, served: "ServedModel"):
-        self.served, self.held = served, True
+        self.served, self.held, self.handed = served, True, False
 
     def release(self) -> None:
         with self.served.lock:
             if self.held:
                 self.held = False
                 self.served.held -= 1
+
+    def hand_over(self):
+        """Leave the release to whoever calls the returned function (a stream, when it closes)."""
+        self.handed = True
+        return self.release
+
+    def __enter__(self) -> "Slot":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if not self.handed:
+            self.release()
 
 
 class ServedModel:
