@@ -25,7 +25,7 @@ from typing import Generator
 
 from dlm_backend.chat.messages import ChatRequest, ChatResult, normalize_messages
 from dlm_backend.chat.prompt import encode_chat
-from dlm_backend.chat.schema import validates
+from dlm_backend.chat.schema import Budget, validates
 from dlm_backend.chat.structured import JsonPlan, nearest, plan_json, plan_tool_call
 from dlm_backend.chat.tool_calls import (CLOSE, NAME_HEAD, NAME_SLOTS, OPEN, fallback_messages, normalize_tools,
                                          parse_tool_calls, tool_choice_name)
@@ -90,7 +90,8 @@ class Plan:
         if request.params is None:
             request = dataclasses.replace(request, params=llm.sampling_params())
         self.llm, self.request, self.tokenizer = llm, request, llm.tokenizer
-        self.tools = normalize_tools(request.tools)
+        budget = Budget()                # the request's schemas together: its tools and response_format
+        self.tools = normalize_tools(request.tools, budget)
         forced = tool_choice_name(request.tool_choice, self.tools)
         if forced == "none":
             self.tools, forced = None, None
@@ -100,7 +101,7 @@ class Plan:
             self.prompt_ids = encode_chat(self.tokenizer, fallback_messages(messages, self.tools))
         else:
             self.prompt_ids = encode_chat(self.tokenizer, messages, tools=self.tools)
-        self.shape: Shape = self._shape(forced, request)
+        self.shape: Shape = self._shape(forced, request, budget)
 
     @property
     def params(self) -> SamplingParams:
@@ -111,7 +112,7 @@ class Plan:
         """The response template of the answer's pass in the current shape."""
         return self.shape.template
 
-    def _shape(self, forced, request: ChatRequest) -> Shape:
+    def _shape(self, forced, request: ChatRequest, budget: Budget) -> Shape:
         if forced is True:
             for tool in self.tools:    # whichever the name pass picks must fit: fail now, not after a 200
                 self._call(tool["function"]["name"])
@@ -120,7 +121,7 @@ class Plan:
             return self._call(forced)
         fmt = request.response_format
         if fmt and fmt.get("type", "text") != "text":
-            plan = plan_json(self.tokenizer, fmt, self.params.max_tokens)
+            plan = plan_json(self.tokenizer, fmt, self.params.max_tokens, budget)
             return ToolsOrJson(plan) if self.tools else Json(plan)
         return Free()
 

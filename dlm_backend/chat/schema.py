@@ -3,24 +3,41 @@
 jsonschema's default registry retrieves any ``$ref`` it does not know (``http://...`` made the
 server fetch a URL, ``file:///...`` opened local files, with no timeout), and its ``pattern`` keyword
 runs Python's backtracking ``re`` (``^(a|aa)+$`` froze the server). Here every ``$ref`` must point
-inside the schema itself and resolve there, the registry retrieves nothing, a schema's size is
-bounded before any work proportional to it, and patterns run on the ``regex`` engine with a time
-limit (it also releases the GIL while it matches).
+inside the schema itself and resolve there the way the validator will resolve it (schema_refs.py),
+the registry retrieves nothing, what one request's schemas may cost is bounded before any work
+proportional to it (:class:`Budget`), and one check of a value has a deadline shared by all of its
+keywords and patterns (:data:`VALIDATION_SECONDS`).
+
+Patterns run on the ``regex`` engine, which takes a ``timeout`` and releases the GIL while it
+matches. A linear-time engine (RE2) would make the deadline unneeded for patterns, but it refuses
+lookarounds and backreferences, which JSON Schema's regex dialect (ECMA-262) allows and clients use;
+the deadline bounds the backtracking instead. ``regex`` unrolls a counted repeat's minimum when it
+compiles (``a{100000}``: 26 MB; ``a{4294967294}`` ran for minutes), so that is bounded too.
 """
 
 from __future__ import annotations
+
+import contextvars
+import functools
+import time
+from dataclasses import dataclass
 
 import jsonschema
 import regex
 from referencing import Registry
 from referencing.exceptions import Unresolvable
-from referencing.jsonschema import DRAFT202012, specification_with
 
+from dlm_backend.chat.schema_refs import check_references
 from dlm_backend.errors import DLMError
 
-MAX_NODES = 5000                # objects, arrays and values in one schema
+MAX_NODES = 5000                # objects, arrays and values in all of one request's schemas
 MAX_DEPTH = 32
+MAX_UNROLLED = 4096             # one pattern's counted repeats, multiplied through nesting (~1 MB compiled)
+MAX_UNROLLED_TOTAL = 16_384     # all of one request's patterns
 PATTERN_SECONDS = 0.05          # one pattern against one value
+#: One check of one value against a schema, all keywords and patterns together. 200 patterns of
+#: 50 ms each took 10 s a check (42 s a request with its resamples) before there was one deadline.
+VALIDATION_SECONDS = 0.25
 REF_KEYS = ("$ref", "$dynamicRef", "$recursiveRef")
 
 
@@ -32,72 +49,166 @@ def _refuse(uri: str):
 _REGISTRY = Registry(retrieve=_refuse)
 
 
-def check_schema(schema, where: str = "response_format") -> dict:
+@dataclass
+class Budget:
+    """What one request's schemas (its response_format and every tool's parameters) may cost in all."""
+
+    nodes: int = MAX_NODES
+    unrolled: int = MAX_UNROLLED_TOTAL
+
+
+def check_schema(schema, where: str = "response_format", budget: Budget | None = None) -> dict:
     """``schema`` if it is a valid, self-contained JSON Schema of bounded size, else a DLMError
-    naming ``where`` and the problem (a remote or file ``$ref``, one that does not resolve, a
-    pattern that does not compile, too many nodes)."""
+    naming ``where`` and the problem (a remote or file ``$ref``, one that does not resolve or that
+    cycles, a pattern that does not compile or unrolls too far, too many nodes). ``budget`` is shared
+    by the schemas of one request."""
     if not isinstance(schema, dict):
         raise DLMError(f"{where}: a JSON schema must be an object, not {type(schema).__name__}.", param=where)
+    budget = budget if budget is not None else Budget()
     refs: list[str] = []
-    _walk(schema, where, refs)
+    _walk(schema, where, refs, budget)
     for ref in refs:
         if not ref.startswith("#"):
             raise DLMError(f"{where}: $ref {ref!r:.100} points outside the schema; only local references "
                            "('#/...') are allowed. Inline the referenced schema.", param=where)
     cls = _validator_class(schema)
     try:
-        cls.check_schema(schema)
+        _draft(schema).check_schema(schema)          # jsonschema's own class: the deadline is for values
     except jsonschema.exceptions.SchemaError as exc:
         raise DLMError(f"{where}: not a valid JSON schema: {exc.message:.300}. Fix the schema "
                        "(https://json-schema.org).", param=where) from None
-    resolver = _REGISTRY.resolver_with_root(_resource(schema))
-    for ref in refs:
-        try:
-            resolver.lookup(ref)
-        except (Unresolvable, DLMError, ValueError, KeyError, TypeError):
-            raise DLMError(f"{where}: $ref {ref!r:.100} does not resolve inside the schema. Fix the reference.",
-                           param=where) from None
+    check_references(schema, cls, _REGISTRY, where)
     return schema
 
 
+_DEADLINE: contextvars.ContextVar[float] = contextvars.ContextVar("schema_deadline", default=float("inf"))
+
+
+class _OutOfTime(Exception):
+    """The shared deadline of one validation passed."""
+
+
 def validates(schema: dict, value) -> bool:
-    """Whether ``value`` is valid against an admitted ``schema`` (patterns time-bounded: a pattern
-    that runs out of time counts as not matching)."""
-    return _validator_class(schema)(schema, registry=_REGISTRY).is_valid(value)
+    """Whether ``value`` is valid against an admitted ``schema``. A pattern that runs out of its
+    own time counts as not matching; a check that runs out of :data:`VALIDATION_SECONDS` in all is
+    a DLMError, as is a schema the validator cannot evaluate (never a 500 after generation)."""
+    cls = _validator_class(schema)
+    token = _DEADLINE.set(time.monotonic() + VALIDATION_SECONDS)
+    try:
+        registry = check_references(schema, cls, _REGISTRY, "schema")
+        return cls(schema, registry=registry).is_valid(value)
+    except _OutOfTime:
+        raise DLMError(f"Checking the answer against the schema took over {VALIDATION_SECONDS:g} s and was stopped "
+                       "(patterns that backtrack, or many alternatives); simplify the schema.") from None
+    except RecursionError:
+        return False                    # a value nested deeper than the checker can follow is no answer
+    except (Unresolvable, jsonschema.exceptions.SchemaError, jsonschema.exceptions.UnknownType,
+            AttributeError, TypeError, KeyError, ValueError, IndexError) as exc:
+        # Admission resolves every reference and checks the schema; this is the backstop.
+        raise DLMError(f"The schema could not be evaluated ({type(exc).__name__}: {str(exc):.200}); fix the "
+                       "schema.") from None
+    finally:
+        _DEADLINE.reset(token)
 
 
-def _walk(node, where: str, refs: list[str], depth: int = 0, count: list[int] | None = None) -> None:
-    count = count if count is not None else [0]
-    count[0] += 1
-    if count[0] > MAX_NODES or depth > MAX_DEPTH:
-        raise DLMError(f"{where}: the schema is too large (over {MAX_NODES} nodes or {MAX_DEPTH} levels deep).",
-                       param=where)
+def _walk(node, where: str, refs: list[str], budget: Budget, depth: int = 0) -> None:
+    budget.nodes -= 1
+    if budget.nodes < 0 or depth > MAX_DEPTH:
+        raise DLMError(f"{where}: the schema is too large (over {MAX_NODES} nodes in all of the request's schemas, "
+                       f"or {MAX_DEPTH} levels deep). Send smaller schemas or fewer tools.", param=where)
     if isinstance(node, dict):
         for key, value in node.items():
             if key in REF_KEYS and isinstance(value, str):
                 refs.append(value)
             if key == "pattern" and isinstance(value, str):
-                _compile(value, where)
+                _check_pattern(value, where, budget)
             if key == "patternProperties" and isinstance(value, dict):
                 for pattern in value:
-                    _compile(pattern, where)
-            _walk(value, where, refs, depth + 1, count)
+                    _check_pattern(pattern, where, budget)
+            _walk(value, where, refs, budget, depth + 1)
     elif isinstance(node, list):
         for value in node:
-            _walk(value, where, refs, depth + 1, count)
+            _walk(value, where, refs, budget, depth + 1)
 
 
-def _compile(pattern: str, where: str):
+def _check_pattern(pattern: str, where: str, budget: Budget) -> None:
+    size = unrolled_size(pattern)
+    budget.unrolled -= size
+    if size > MAX_UNROLLED or budget.unrolled < 0:
+        raise DLMError(f"{where}: pattern {pattern!r:.80} repeats too much ({size} characters to match when its "
+                       f"counted repeats are unrolled; the limit is {MAX_UNROLLED} a pattern, {MAX_UNROLLED_TOTAL} "
+                       "a request). Use smaller {m,n} counts.", param=where)
     try:
-        return regex.compile(pattern)
+        _compiled(pattern)
     except (regex.error, RecursionError, OverflowError) as exc:
         raise DLMError(f"{where}: pattern {pattern!r:.80} is not a valid regular expression ({exc}).",
                        param=where) from None
 
 
+_ESCAPE_WITH_BRACES = frozenset("pPNxuU")   # \p{L}, \x{41}: braces that are no repeat
+_REPEAT = regex.compile(r"\{(\d*)(?:,(\d*))?\}")
+
+
+def unrolled_size(pattern: str) -> int:
+    """An upper bound on the characters ``regex`` unrolls a pattern into: each atom counts 1, a
+    counted repeat multiplies what it repeats by its minimum (``(ab){3}`` is 6, ``a{0,9999}`` 1).
+    It stops counting once past :data:`MAX_UNROLLED_TOTAL`."""
+    stack, last, i, n = [0], 0, 0, len(pattern)
+    while i < n and stack[0] <= MAX_UNROLLED_TOTAL:
+        c = pattern[i]
+        if c == "\\":
+            i += 2
+            if pattern[i - 1:i] in _ESCAPE_WITH_BRACES and pattern[i:i + 1] == "{":
+                i = pattern.find("}", i) + 1 or n
+            stack[-1], last = stack[-1] + 1, 1
+            continue
+        if c == "[":
+            i = _class_end(pattern, i)
+            stack[-1], last = stack[-1] + 1, 1
+            continue
+        repeat = _REPEAT.match(pattern, i) if c == "{" else None
+        if c == "(":
+            stack.append(0)
+        elif c == ")" and len(stack) > 1:
+            last = stack.pop()
+            stack[-1] += last
+        elif repeat and (repeat.group(1) or repeat.group(2)):
+            low = repeat.group(1) or "0"
+            if len(low) > 9:                                  # beyond any limit (and int()'s digit cap)
+                return MAX_UNROLLED_TOTAL + 1
+            stack[-1] += last * (max(int(low), 1) - 1)
+            last *= max(int(low), 1)
+            i = repeat.end()
+            continue
+        elif c not in "*+?|^$":
+            stack[-1], last = stack[-1] + 1, 1
+        i += 1
+    return max(stack[0], sum(stack))
+
+
+def _class_end(pattern: str, i: int) -> int:
+    """The index after the character class opening at ``i`` (``[]a]`` and ``[^]a]`` hold a ``]``)."""
+    j = i + 1
+    if pattern[j:j + 1] == "^":
+        j += 1
+    if pattern[j:j + 1] == "]":
+        j += 1
+    while j < len(pattern) and pattern[j] != "]":
+        j += 2 if pattern[j] == "\\" else 1
+    return j + 1
+
+
+@functools.lru_cache(maxsize=64)        # compiled patterns are <= ~1 MB each (MAX_UNROLLED); not regex's 500
+def _compiled(pattern: str):
+    return regex.compile(pattern, cache_pattern=False)
+
+
 def _search(pattern: str, value: str) -> bool:
+    left = _DEADLINE.get() - time.monotonic()
+    if left <= 0:
+        raise _OutOfTime
     try:
-        return regex.search(pattern, value, timeout=PATTERN_SECONDS) is not None
+        return _compiled(pattern).search(value, timeout=min(PATTERN_SECONDS, left)) is not None
     except (TimeoutError, regex.error):
         return False
 
@@ -116,18 +227,30 @@ def _pattern_properties(validator, patterns, instance, schema):
                 yield from validator.descend(value, subschema, path=key, schema_path=pattern)
 
 
+def _timed(keyword):
+    """A keyword that first checks the validation's deadline: every subschema a check reaches goes
+    through one, so fan-outs of ``anyOf`` and references stop there too, not only patterns."""
+    @functools.wraps(keyword)
+    def run(validator, value, instance, schema):
+        if time.monotonic() > _DEADLINE.get():
+            raise _OutOfTime
+        return keyword(validator, value, instance, schema)
+    return run
+
+
 _EXTENDED: dict = {}
 
 
+def _draft(schema: dict):
+    """jsonschema's validator class for the schema's ``$schema`` (an unknown one reads as 2020-12)."""
+    return jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+
+
 def _validator_class(schema: dict):
-    """The schema's draft, with patterns run by :func:`_search` (one class per draft)."""
-    base = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    """The schema's draft, with patterns run by :func:`_search` and every keyword under the deadline
+    (one class per draft)."""
+    base = _draft(schema)
     if base not in _EXTENDED:
-        _EXTENDED[base] = jsonschema.validators.extend(
-            base, {"pattern": _pattern, "patternProperties": _pattern_properties})
+        keywords = {**base.VALIDATORS, "pattern": _pattern, "patternProperties": _pattern_properties}
+        _EXTENDED[base] = jsonschema.validators.extend(base, {k: _timed(v) for k, v in keywords.items()})
     return _EXTENDED[base]
-
-
-def _resource(schema: dict):
-    dialect = schema.get("$schema") if isinstance(schema.get("$schema"), str) else ""
-    return specification_with(dialect, default=DRAFT202012).create_resource(schema)
