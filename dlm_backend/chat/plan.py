@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Generator
 
 from dlm_backend.chat.messages import ChatRequest, ChatResult, normalize_messages
-from dlm_backend.chat.prompt import encode_chat
+from dlm_backend.chat.prompt import encode_chat, prompt_limit
 from dlm_backend.chat.schema import Budget, validates
 from dlm_backend.chat.structured import JsonPlan, nearest, plan_json, plan_tool_call
 from dlm_backend.chat.tool_calls import (CLOSE, NAME_HEAD, NAME_SLOTS, OPEN, fallback_messages, normalize_tools,
@@ -84,9 +84,11 @@ class Pass:
 
 
 class Plan:
-    """How one ChatRequest is answered (DLMError at construction for anything that cannot be)."""
+    """How one ChatRequest is answered (DLMError at construction for anything that cannot be).
+    ``max_prompt_tokens`` is a server's own prompt limit; a prompt over it, or over the context
+    less ``max_tokens``, is refused by its length before it is tokenized (chat/prompt.py)."""
 
-    def __init__(self, llm, request: ChatRequest):
+    def __init__(self, llm, request: ChatRequest, max_prompt_tokens: int | None = None):
         if request.params is None:
             request = dataclasses.replace(request, params=llm.sampling_params())
         self.llm, self.request, self.tokenizer = llm, request, llm.tokenizer
@@ -97,10 +99,11 @@ class Plan:
             self.tools, forced = None, None
         messages = normalize_messages(request.messages)
         has_tool_turns = any(m["role"] == "tool" or m.get("tool_calls") for m in messages)
+        limit = prompt_limit(llm, self.params.max_tokens, max_prompt_tokens)
         if (self.tools or has_tool_turns) and not self.tokenizer.renders_tools:  # e.g. LLaDA: tools as text
-            self.prompt_ids = encode_chat(self.tokenizer, fallback_messages(messages, self.tools))
+            self.prompt_ids = encode_chat(self.tokenizer, fallback_messages(messages, self.tools), limit=limit)
         else:
-            self.prompt_ids = encode_chat(self.tokenizer, messages, tools=self.tools)
+            self.prompt_ids = encode_chat(self.tokenizer, messages, tools=self.tools, limit=limit)
         self.shape: Shape = self._shape(forced, request, budget)
 
     @property

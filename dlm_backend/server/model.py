@@ -16,6 +16,7 @@ import logging
 import threading
 
 from dlm_backend import chat
+from dlm_backend.chat.prompt import check_length, longest_token, prompt_limit
 from dlm_backend.errors import DLMError
 from dlm_backend.llm import LLM
 from dlm_backend.server.config import ServerConfig
@@ -78,8 +79,11 @@ class ServedModel:
             with self._load_lock:
                 if self._llm is None:
                     try:
-                        self._llm = LLM(self.cfg.model, device=self.cfg.device, dtype=self.cfg.dtype,
-                                        **vars(self.cfg.limits))
+                        llm = LLM(self.cfg.model, device=self.cfg.device, dtype=self.cfg.dtype,
+                                  **vars(self.cfg.limits))
+                        if llm.engine.tokenizer is not None:     # the prompt-length bound, before requests
+                            longest_token(llm.engine.tokenizer)
+                        self._llm = llm
                     except DLMError as exc:
                         log.error("the model could not be loaded: %s", exc)
                         raise Unavailable("The model could not be loaded; the server's log says why.") from None
@@ -119,14 +123,18 @@ class ServedModel:
         """A chat body planned and admitted (in a worker thread: a big schema is work)."""
         request = chat.ChatRequest(body.messages, self.params(knobs), tools=body.tools, tool_choice=body.tool_choice,
                                    response_format=body.response_format)
-        plan = chat.Plan(self.llm(), request)
+        plan = chat.Plan(self.llm(), request, max_prompt_tokens=self.cfg.max_prompt_tokens)
         self.admit(plan.prompt_ids, plan.params, plan.template)
         return plan
 
     def prompt_ids(self, prompt, knobs: dict):
-        """A completion body's prompt ids and SamplingParams, admitted."""
-        ids = self.llm().tokenizer.encode(prompt) if isinstance(prompt, str) else prompt
+        """A completion body's prompt ids and SamplingParams, admitted (a text that cannot fit is
+        refused by its length before it is tokenized)."""
         params = self.params(knobs)
+        if isinstance(prompt, str):
+            limit = prompt_limit(self.llm(), params.max_tokens, self.cfg.max_prompt_tokens)
+            check_length(self.llm().tokenizer, prompt, *limit, param="prompt")
+        ids = self.llm().tokenizer.encode(prompt) if isinstance(prompt, str) else prompt
         self.admit(ids, params)
         return ids, params
 
