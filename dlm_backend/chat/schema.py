@@ -62,23 +62,31 @@ def check_schema(schema, where: str = "response_format", budget: Budget | None =
     naming ``where`` and the problem (a remote or file ``$ref``, one that does not resolve or that
     cycles, a pattern that does not compile or unrolls too far, too many nodes). ``budget`` is shared
     by the schemas of one request."""
-    if not isinstance(schema, dict):
-        raise DLMError(f"{where}: a JSON schema must be an object, not {type(schema).__name__}.", param=where)
-    budget = budget if budget is not None else Budget()
-    refs: list[str] = []
-    _walk(schema, where, refs, budget)
-    for ref in refs:
-        if not ref.startswith("#"):
-            raise DLMError(f"{where}: $ref {ref!r:.100} points outside the schema; only local references "
-                           "('#/...') are allowed. Inline the referenced schema.", param=where)
-    cls = _validator_class(schema)
-    try:
-        _draft(schema).check_schema(schema)          # jsonschema's own class: the deadline is for values
-    except jsonschema.exceptions.SchemaError as exc:
-        raise DLMError(f"{where}: not a valid JSON schema: {exc.message:.300}. Fix the schema "
-                       "(https://json-schema.org).", param=where) from None
-    check_references(schema, cls, _REGISTRY, where)
+    check_schemas([(schema, where)], budget)
     return schema
+
+
+def check_schemas(schemas: list[tuple[object, str]], budget: Budget | None = None) -> None:
+    """:func:`check_schema` for several ``(schema, where)`` of one request: all are measured against
+    the budget before any is checked against its meta-schema (~0.1 ms a node), so 20 tools of 1,600
+    properties are refused at once rather than after the first tool's check."""
+    budget = budget if budget is not None else Budget()
+    for schema, where in schemas:
+        if not isinstance(schema, dict):
+            raise DLMError(f"{where}: a JSON schema must be an object, not {type(schema).__name__}.", param=where)
+        refs: list[str] = []
+        _walk(schema, where, refs, budget)
+        for ref in refs:
+            if not ref.startswith("#"):
+                raise DLMError(f"{where}: $ref {ref!r:.100} points outside the schema; only local references "
+                               "('#/...') are allowed. Inline the referenced schema.", param=where)
+    for schema, where in schemas:
+        try:
+            _draft(schema).check_schema(schema)      # jsonschema's own class: the deadline is for values
+        except jsonschema.exceptions.SchemaError as exc:
+            raise DLMError(f"{where}: not a valid JSON schema: {exc.message:.300}. Fix the schema "
+                           "(https://json-schema.org).", param=where) from None
+        check_references(schema, _validator_class(schema), _REGISTRY, where)
 
 
 _DEADLINE: contextvars.ContextVar[float] = contextvars.ContextVar("schema_deadline", default=float("inf"))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 
-from dlm_backend.chat.schema import Budget, check_schema
+from dlm_backend.chat.schema import Budget, check_schemas
 from dlm_backend.errors import DLMError
 
 # A call ends at its closing tag, or where the next call opens (one missing its tag must not take
@@ -78,7 +78,6 @@ def normalize_tools(tools: list[dict] | None, budget: Budget | None = None) -> l
     schema checks before it."""
     if not tools:
         return None
-    budget = budget if budget is not None else Budget()
     out = []
     for tool in tools:
         fn = tool.get("function", tool) if isinstance(tool, dict) else None
@@ -88,9 +87,9 @@ def normalize_tools(tools: list[dict] | None, budget: Budget | None = None) -> l
         params = fn.get("parameters", {"type": "object", "properties": {}})
         if not isinstance(params, dict) or params.get("type", "object") != "object":
             raise DLMError(f"Tool {fn['name']!r}: 'parameters' must be a JSON schema of type object.", param="tools")
-        check_schema(params, f"tools[{len(out)}].function.parameters", budget)
         out.append({"type": "function", "function": {"name": fn["name"], "description": fn.get("description", ""),
                                                       "parameters": params}})
+    check_schemas([(t["function"]["parameters"], f"tools[{i}].function.parameters") for i, t in enumerate(out)], budget)
     return out
 
 
