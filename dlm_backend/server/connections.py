@@ -17,7 +17,21 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 HEADER_TIMEOUT_S = 10.0
 #: The whole body, from the end of its head: a 1 MiB body (the default body limit) at 35 KB/s.
 BODY_TIMEOUT_S = 30.0
-MAX_CONNECTIONS = 1024
+
+
+def _cap(wanted: int = 1024) -> int:
+    """``wanted``, or fewer where the open-file limit is lower: past it accept() fails (EMFILE)
+    before this cap, and stalled connections could no longer be closed to make room. 64 files are
+    left for the model, the log and the engine (a common soft limit is 1024)."""
+    try:
+        import resource
+    except ImportError:                     # not on Windows
+        return wanted
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return wanted if soft == resource.RLIM_INFINITY else max(16, min(wanted, soft - 64))
+
+
+MAX_CONNECTIONS = _cap()
 
 
 class GuardedH11Protocol(H11Protocol):
