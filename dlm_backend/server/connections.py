@@ -12,6 +12,8 @@ clients out; only when every connection is being served is the new one refused.
 
 from __future__ import annotations
 
+import itertools
+
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 HEADER_TIMEOUT_S = 10.0
@@ -43,7 +45,7 @@ class GuardedH11Protocol(H11Protocol):
 
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
-        self._timer, self._awaiting_body, self._opened = None, False, self.loop.time()
+        self._timer, self._awaiting_body, self._opened = None, False, next(_OPENED)
         if len(self.connections) > self.max_connections:
             stalled = [c for c in self.connections if c is not self and _stalled(c)]
             if not stalled:
@@ -92,6 +94,9 @@ class GuardedH11Protocol(H11Protocol):
     def connection_lost(self, exc) -> None:
         self._disarm()
         super().connection_lost(exc)
+
+
+_OPENED = itertools.count()       # the order connections opened in (the clock can tie within a batch)
 
 
 def _stalled(conn) -> bool:
