@@ -6,18 +6,12 @@ runs Python's backtracking ``re`` (``^(a|aa)+$`` froze the server). Here every `
 inside the schema itself and resolve there the way the validator will resolve it (schema_refs.py),
 the registry retrieves nothing, what one request's schemas may cost is bounded before any work
 proportional to it (:class:`Budget`), and one check of a value has a deadline shared by all of its
-keywords and patterns (:data:`VALIDATION_SECONDS`).
-
-Patterns run on the ``regex`` engine, which takes a ``timeout`` and releases the GIL while it
-matches. A linear-time engine (RE2) would make the deadline unneeded for patterns, but it refuses
-lookarounds and backreferences, which JSON Schema's regex dialect (ECMA-262) allows and clients use;
-the deadline bounds the backtracking instead. ``regex`` unrolls a counted repeat's minimum when it
-compiles (``a{100000}``: 26 MB; ``a{4294967294}`` ran for minutes), so that is bounded too.
+keywords and patterns (:data:`VALIDATION_SECONDS`). Patterns run in bounded time and memory
+(schema_patterns.py says how, and why not RE2).
 """
 
 from __future__ import annotations
 
-import contextvars
 import functools
 import time
 from dataclasses import dataclass
@@ -27,14 +21,14 @@ import regex
 from referencing import Registry
 from referencing.exceptions import Unresolvable
 
+from dlm_backend.chat.schema_patterns import (DEADLINE, MAX_UNROLLED, MAX_UNROLLED_TOTAL, OutOfTime,
+                                              additional_properties_keyword, compiled, pattern_keyword,
+                                              pattern_properties_keyword, unrolled_size)
 from dlm_backend.chat.schema_refs import check_references
 from dlm_backend.errors import DLMError
 
 MAX_NODES = 5000                # objects, arrays and values in all of one request's schemas
 MAX_DEPTH = 32
-MAX_UNROLLED = 4096             # one pattern's counted repeats, multiplied through nesting (~1 MB compiled)
-MAX_UNROLLED_TOTAL = 16_384     # all of one request's patterns
-PATTERN_SECONDS = 0.05          # one pattern against one value
 #: One check of one value against a schema, all keywords and patterns together. 200 patterns of
 #: 50 ms each took 10 s a check (42 s a request with its resamples) before there was one deadline.
 VALIDATION_SECONDS = 0.25
@@ -75,7 +69,13 @@ def check_schemas(schemas: list[tuple[object, str]], budget: Budget | None = Non
         if not isinstance(schema, dict):
             raise DLMError(f"{where}: a JSON schema must be an object, not {type(schema).__name__}.", param=where)
         refs: list[str] = []
-        _walk(schema, where, refs, budget)
+        seen: set[str] = set()
+        _walk(schema, where, refs, budget, seen)
+        if {"unevaluatedProperties", "patternProperties"} <= seen:
+            # jsonschema matches patternProperties for unevaluatedProperties on Python's re, which
+            # no deadline can stop; additionalProperties says the same for most schemas.
+            raise DLMError(f"{where}: unevaluatedProperties together with patternProperties is not supported (its "
+                           "patterns could not be time-limited); use additionalProperties.", param=where)
         for ref in refs:
             if not ref.startswith("#"):
                 raise DLMError(f"{where}: $ref {ref!r:.100} points outside the schema; only local references "
@@ -89,23 +89,16 @@ def check_schemas(schemas: list[tuple[object, str]], budget: Budget | None = Non
         check_references(schema, _validator_class(schema), _REGISTRY, where)
 
 
-_DEADLINE: contextvars.ContextVar[float] = contextvars.ContextVar("schema_deadline", default=float("inf"))
-
-
-class _OutOfTime(Exception):
-    """The shared deadline of one validation passed."""
-
-
 def validates(schema: dict, value) -> bool:
     """Whether ``value`` is valid against an admitted ``schema``. A pattern that runs out of its
     own time counts as not matching; a check that runs out of :data:`VALIDATION_SECONDS` in all is
     a DLMError, as is a schema the validator cannot evaluate (never a 500 after generation)."""
     cls = _validator_class(schema)
-    token = _DEADLINE.set(time.monotonic() + VALIDATION_SECONDS)
+    registry = check_references(schema, cls, _REGISTRY, "schema")       # bounded by MAX_NODES, not the deadline
+    token = DEADLINE.set(time.monotonic() + VALIDATION_SECONDS)
     try:
-        registry = check_references(schema, cls, _REGISTRY, "schema")
         return cls(schema, registry=registry).is_valid(value)
-    except _OutOfTime:
+    except OutOfTime:
         raise DLMError(f"Checking the answer against the schema took over {VALIDATION_SECONDS:g} s and was stopped "
                        "(patterns that backtrack, or many alternatives); simplify the schema.") from None
     except RecursionError:
@@ -116,15 +109,16 @@ def validates(schema: dict, value) -> bool:
         raise DLMError(f"The schema could not be evaluated ({type(exc).__name__}: {str(exc):.200}); fix the "
                        "schema.") from None
     finally:
-        _DEADLINE.reset(token)
+        DEADLINE.reset(token)
 
 
-def _walk(node, where: str, refs: list[str], budget: Budget, depth: int = 0) -> None:
+def _walk(node, where: str, refs: list[str], budget: Budget, seen: set[str], depth: int = 0) -> None:
     budget.nodes -= 1
     if budget.nodes < 0 or depth > MAX_DEPTH:
         raise DLMError(f"{where}: the schema is too large (over {MAX_NODES} nodes in all of the request's schemas, "
                        f"or {MAX_DEPTH} levels deep). Send smaller schemas or fewer tools.", param=where)
     if isinstance(node, dict):
+        seen.update(k for k in ("unevaluatedProperties", "patternProperties") if k in node)
         for key, value in node.items():
             if key in REF_KEYS and isinstance(value, str):
                 refs.append(value)
@@ -133,106 +127,24 @@ def _walk(node, where: str, refs: list[str], budget: Budget, depth: int = 0) -> 
             if key == "patternProperties" and isinstance(value, dict):
                 for pattern in value:
                     _check_pattern(pattern, where, budget)
-            _walk(value, where, refs, budget, depth + 1)
+            _walk(value, where, refs, budget, seen, depth + 1)
     elif isinstance(node, list):
         for value in node:
-            _walk(value, where, refs, budget, depth + 1)
+            _walk(value, where, refs, budget, seen, depth + 1)
 
 
-def _check_pattern(pattern: str, where: str, budget: Budget) -> None:
-    size = unrolled_size(pattern)
+def _check_pattern(regex_text: str, where: str, budget: Budget) -> None:
+    size = unrolled_size(regex_text)
     budget.unrolled -= size
     if size > MAX_UNROLLED or budget.unrolled < 0:
-        raise DLMError(f"{where}: pattern {pattern!r:.80} repeats too much ({size} characters to match when its "
+        raise DLMError(f"{where}: pattern {regex_text!r:.80} repeats too much ({size} characters to match when its "
                        f"counted repeats are unrolled; the limit is {MAX_UNROLLED} a pattern, {MAX_UNROLLED_TOTAL} "
                        "a request). Use smaller {m,n} counts.", param=where)
     try:
-        _compiled(pattern)
+        compiled(regex_text)
     except (regex.error, RecursionError, OverflowError) as exc:
-        raise DLMError(f"{where}: pattern {pattern!r:.80} is not a valid regular expression ({exc}).",
+        raise DLMError(f"{where}: pattern {regex_text!r:.80} is not a valid regular expression ({exc}).",
                        param=where) from None
-
-
-_ESCAPE_WITH_BRACES = frozenset("pPNxuU")   # \p{L}, \x{41}: braces that are no repeat
-_REPEAT = regex.compile(r"\{(\d*)(?:,(\d*))?\}")
-
-
-def unrolled_size(pattern: str) -> int:
-    """An upper bound on the characters ``regex`` unrolls a pattern into: each atom counts 1, a
-    counted repeat multiplies what it repeats by its minimum (``(ab){3}`` is 6, ``a{0,9999}`` 1).
-    It stops counting once past :data:`MAX_UNROLLED_TOTAL`."""
-    stack, last, i, n = [0], 0, 0, len(pattern)
-    while i < n and stack[0] <= MAX_UNROLLED_TOTAL:
-        c = pattern[i]
-        if c == "\\":
-            i += 2
-            if pattern[i - 1:i] in _ESCAPE_WITH_BRACES and pattern[i:i + 1] == "{":
-                i = pattern.find("}", i) + 1 or n
-            stack[-1], last = stack[-1] + 1, 1
-            continue
-        if c == "[":
-            i = _class_end(pattern, i)
-            stack[-1], last = stack[-1] + 1, 1
-            continue
-        repeat = _REPEAT.match(pattern, i) if c == "{" else None
-        if c == "(":
-            stack.append(0)
-        elif c == ")" and len(stack) > 1:
-            last = stack.pop()
-            stack[-1] += last
-        elif repeat and (repeat.group(1) or repeat.group(2)):
-            low = repeat.group(1) or "0"
-            if len(low) > 9:                                  # beyond any limit (and int()'s digit cap)
-                return MAX_UNROLLED_TOTAL + 1
-            stack[-1] += last * (max(int(low), 1) - 1)
-            last *= max(int(low), 1)
-            i = repeat.end()
-            continue
-        elif c not in "*+?|^$":
-            stack[-1], last = stack[-1] + 1, 1
-        i += 1
-    return max(stack[0], sum(stack))
-
-
-def _class_end(pattern: str, i: int) -> int:
-    """The index after the character class opening at ``i`` (``[]a]`` and ``[^]a]`` hold a ``]``)."""
-    j = i + 1
-    if pattern[j:j + 1] == "^":
-        j += 1
-    if pattern[j:j + 1] == "]":
-        j += 1
-    while j < len(pattern) and pattern[j] != "]":
-        j += 2 if pattern[j] == "\\" else 1
-    return j + 1
-
-
-@functools.lru_cache(maxsize=64)        # compiled patterns are <= ~1 MB each (MAX_UNROLLED); not regex's 500
-def _compiled(pattern: str):
-    return regex.compile(pattern, cache_pattern=False)
-
-
-def _search(pattern: str, value: str) -> bool:
-    left = _DEADLINE.get() - time.monotonic()
-    if left <= 0:
-        raise _OutOfTime
-    try:
-        return _compiled(pattern).search(value, timeout=min(PATTERN_SECONDS, left)) is not None
-    except (TimeoutError, regex.error):
-        return False
-
-
-def _pattern(validator, pattern, instance, schema):
-    if validator.is_type(instance, "string") and not _search(pattern, instance):
-        yield jsonschema.ValidationError(f"{instance!r:.80} does not match {pattern!r:.80}")
-
-
-def _pattern_properties(validator, patterns, instance, schema):
-    if not validator.is_type(instance, "object"):
-        return
-    for pattern, subschema in patterns.items():
-        for key, value in instance.items():
-            if _search(pattern, key):
-                yield from validator.descend(value, subschema, path=key, schema_path=pattern)
 
 
 def _timed(keyword):
@@ -240,8 +152,8 @@ def _timed(keyword):
     through one, so fan-outs of ``anyOf`` and references stop there too, not only patterns."""
     @functools.wraps(keyword)
     def run(validator, value, instance, schema):
-        if time.monotonic() > _DEADLINE.get():
-            raise _OutOfTime
+        if time.monotonic() > DEADLINE.get():
+            raise OutOfTime
         return keyword(validator, value, instance, schema)
     return run
 
@@ -259,6 +171,7 @@ def _validator_class(schema: dict):
     (one class per draft)."""
     base = _draft(schema)
     if base not in _EXTENDED:
-        keywords = {**base.VALIDATORS, "pattern": _pattern, "patternProperties": _pattern_properties}
+        keywords = {**base.VALIDATORS, "pattern": pattern_keyword, "patternProperties": pattern_properties_keyword,
+                    "additionalProperties": additional_properties_keyword}
         _EXTENDED[base] = jsonschema.validators.extend(base, {k: _timed(v) for k, v in keywords.items()})
     return _EXTENDED[base]

@@ -92,3 +92,15 @@ def test_validation_errors_are_clean_and_deep_values_are_misses():
     for _ in range(5000):                               # deeper than Python's recursion limit
         deep = [deep]
     assert validates(schema, [[]]) and not validates(schema, deep)
+
+
+def test_property_names_matched_for_additional_properties_are_bounded_too():
+    """jsonschema matched patternProperties for additionalProperties on Python's re: no timeout,
+    the GIL held (a 37-character key took seconds, each character more 1.6 times as long)."""
+    schema = {"type": "object", "patternProperties": {"^(a|aa)+$": {}}, "additionalProperties": False}
+    check_schema(schema)
+    t = time.perf_counter()
+    assert not validates(schema, {"a" * 36 + "!": 1}) and validates(schema, {"aaa": 1})
+    assert time.perf_counter() - t < 1.0
+    with pytest.raises(DLMError, match="unevaluatedProperties together with patternProperties"):
+        check_schema({"type": "object", "patternProperties": {"^a": {}}, "unevaluatedProperties": False})
