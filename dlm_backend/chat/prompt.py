@@ -54,13 +54,15 @@ def check_length(tokenizer, text: str, max_prompt_tokens: int, why: str, param: 
     """A ContextLengthError when ``text`` is provably over ``max_prompt_tokens`` tokens, without
     tokenizing it (see the module's docstring for why the bound holds); ``why`` says where the limit
     comes from."""
+    if max_prompt_tokens < 1:
+        raise ContextLengthError(f"No prompt fits: {why}. Lower max_tokens.", param="max_tokens")
     longest = longest_token(tokenizer)
     if longest is None:
         return
-    most = max(max_prompt_tokens, 0) * longest * COMPOSITION
+    most = max_prompt_tokens * longest * COMPOSITION
     if len(text) > most:
         raise ContextLengthError(
-            f"The prompt is {len(text)} characters long, so over {max(max_prompt_tokens, 0)} tokens (no token of this "
+            f"The prompt is {len(text)} characters long, so over {max_prompt_tokens} tokens (no token of this "
             f"model stands for more than {longest} characters), the most this request can send: {why}. Shorten the "
             "prompt (fewer documents or turns) or lower max_tokens.", param=param)
 

@@ -17,7 +17,7 @@ import threading
 
 from dlm_backend import chat
 from dlm_backend.chat.prompt import check_length, longest_token, prompt_limit
-from dlm_backend.errors import DLMError
+from dlm_backend.errors import ContextLengthError, DLMError
 from dlm_backend.llm import LLM
 from dlm_backend.server.config import ServerConfig
 
@@ -105,9 +105,6 @@ class ServedModel:
         """This server's limits and the engine's own checks, before anything is queued or a 200 goes
         out (a streamed response's errors would otherwise arrive as an event after a 200)."""
         cfg = self.cfg
-        if params.max_tokens > cfg.max_tokens_limit:
-            raise DLMError(f"max_tokens {params.max_tokens} is over this server's limit of {cfg.max_tokens_limit}; "
-                           "ask for fewer tokens.", param="max_tokens")
         if cfg.max_prompt_tokens is not None and len(prompt_ids) > cfg.max_prompt_tokens:
             raise DLMError(f"The prompt has {len(prompt_ids)} tokens, over this server's limit of "
                            f"{cfg.max_prompt_tokens}; shorten it (fewer documents or turns).", param="messages")
@@ -117,7 +114,11 @@ class ServedModel:
         """The request's SamplingParams; no ``max_tokens`` means the default canvas within the limit."""
         if "max_tokens" not in knobs:
             knobs = {**knobs, "max_tokens": min(self.llm().sampling_params().max_tokens, self.cfg.max_tokens_limit)}
-        return chat.request_params(self.llm(), knobs, where="body")
+        params = chat.request_params(self.llm(), knobs, where="body")
+        if params.max_tokens > self.cfg.max_tokens_limit:        # before the prompt is looked at
+            raise DLMError(f"max_tokens {params.max_tokens} is over this server's limit of "
+                           f"{self.cfg.max_tokens_limit}; ask for fewer tokens.", param="max_tokens")
+        return params
 
     def plan_chat(self, body, knobs: dict) -> chat.Plan:
         """A chat body planned and admitted (in a worker thread: a big schema is work)."""
@@ -131,9 +132,12 @@ class ServedModel:
         """A completion body's prompt ids and SamplingParams, admitted (a text that cannot fit is
         refused by its length before it is tokenized)."""
         params = self.params(knobs)
+        limit = prompt_limit(self.llm(), params.max_tokens, self.cfg.max_prompt_tokens)
         if isinstance(prompt, str):
-            limit = prompt_limit(self.llm(), params.max_tokens, self.cfg.max_prompt_tokens)
             check_length(self.llm().tokenizer, prompt, *limit, param="prompt")
+        elif len(prompt) > limit[0]:            # before each id is checked against the vocabulary
+            raise ContextLengthError(f"The prompt has {len(prompt)} tokens, over {limit[0]}: {limit[1]}. Shorten "
+                                     "it or lower max_tokens.", param="prompt")
         ids = self.llm().tokenizer.encode(prompt) if isinstance(prompt, str) else prompt
         self.admit(ids, params)
         return ids, params
