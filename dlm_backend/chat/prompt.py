@@ -2,9 +2,10 @@
 when they cannot fit.
 
 A 900 KB message was tokenized whole (900,000 tokens with the test tokenizer, then as many Python
-ints checked one by one) before the length check said no; four at once held ``/health`` for 2.6 s. A token covers at most
-``longest_token`` characters of the text it came from, so a text of more than
-``limit * longest_token`` characters has more than ``limit`` tokens, and is refused by its length.
+ints checked one by one) before the length check said no; four at once held ``/health`` for 2.6 s.
+A token covers at most ``longest_token`` characters of the text it came from, so a text of more than
+``limit * longest_token * COMPOSITION`` characters has more than ``limit`` tokens, and is refused by
+its length.
 
 Why the bound holds: each character of the text is covered by at least one token (byte-level BPE
 covers every byte, and one character is at least one byte), and no token covers more characters

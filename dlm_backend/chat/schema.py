@@ -167,8 +167,8 @@ def _draft(schema: dict):
 
 
 def _validator_class(schema: dict):
-    """The schema's draft, with patterns run by :func:`_search` and every keyword under the deadline
-    (one class per draft)."""
+    """The schema's draft, with patterns on the bounded engine (schema_patterns.py) and every keyword
+    under the deadline (one class per draft)."""
     base = _draft(schema)
     if base not in _EXTENDED:
         keywords = {**base.VALIDATORS, "pattern": pattern_keyword, "patternProperties": pattern_properties_keyword,
