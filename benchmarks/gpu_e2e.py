@@ -83,7 +83,6 @@ def generate(runner: ModelRunner, allocator: PageAllocator, batch: int, prompt_l
         sync()
         passes.append((refresh, time.perf_counter() - t0))
     for s in seqs:
-        runner.free(s)
         allocator.release(s.pages)
     return seqs, passes
 

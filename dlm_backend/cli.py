@@ -1,4 +1,4 @@
-"""The ``dlm`` command: generate, chat, models, plugins."""
+"""The ``dlm`` command: generate, chat, serve, models, plugins, parity."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import os
 import sys
 from dataclasses import fields
 
-from dlm_backend.engine.config import EngineLimits
+from dlm_backend.engine.config import CPU_KV_BYTES, GPU_KV_FRACTION, EngineLimits
 from dlm_backend.errors import DLMError
 from dlm_backend.server.config import ServerConfig
 
@@ -34,7 +34,8 @@ def _add_sampling_args(p: argparse.ArgumentParser) -> None:
         if knob.kind is bool:
             g.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None, help=shown)
         elif knob.kind is list:
-            g.add_argument(flag, dest=name, action="append", default=None, help=shown + " (repeatable)")
+            g.add_argument(flag, dest=name, action="append", type=knob.item, default=None,
+                           help=shown + " (repeatable)")
         else:
             g.add_argument(flag, dest=name, type=knob.kind, choices=knob.choices, default=None, help=shown)
 
@@ -114,11 +115,12 @@ def cmd_serve(args) -> int:
     if not loopback and not api_key and not args.allow_unauthenticated:
         raise DLMError(f"Serving on {args.host} without an API key lets anyone who can reach this port use the "
                        "model. Set --api-key (or DLM_API_KEY), or pass --allow-unauthenticated if that is intended.")
-    limits = EngineLimits(**{f.name: getattr(args, f.name) for f in fields(EngineLimits)})
+    limits = {f.name: getattr(args, f.name) for f in fields(EngineLimits) if getattr(args, f.name) is not None}
     config = ServerConfig(model=args.model, served_name=args.served_model_name, device=args.device,
                           dtype=args.dtype, api_key=api_key, max_body_bytes=args.max_body_bytes,
                           max_tokens_limit=args.max_tokens_limit, max_prompt_tokens=args.max_prompt_tokens,
-                          limits=limits, allowed_hosts=list(LOOPBACK_NAMES) if loopback and not api_key else None)
+                          limits=limits, kv_cache_memory=args.kv_cache_memory, prefix_caching=args.prefix_caching,
+                          allowed_hosts=list(LOOPBACK_NAMES) if loopback and not api_key else None)
     app = create_app(config=config)
     if not args.lazy:
         app.state.llm()           # load before accepting connections
@@ -132,6 +134,12 @@ def cmd_models(args) -> int:
     for arch, target in supported_architectures().items():
         print(f"{arch:24} {target}")
     return 0
+
+
+def cmd_parity(args) -> int:
+    from dlm_backend.parity import main as parity
+
+    return parity(args.folders, replay=args.replay, device=args.device)
 
 
 def cmd_plugins(args) -> int:
@@ -175,11 +183,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens-limit", type=int, default=defaults.max_tokens_limit,
                    help="largest max_tokens a request may ask")
     p.add_argument("--max-prompt-tokens", type=int, default=None, help="longest prompt (default: the context)")
+    p.add_argument("--kv-cache-memory", type=int, default=None, metavar="BYTES",
+                   help=f"KV cache shared by all requests (default: {GPU_KV_FRACTION * 100:.0f}%% of the GPU memory left "
+                        f"after the weights, {CPU_KV_BYTES / 2**30:g} GiB on CPU); requests wait for free pages")
+    p.add_argument("--prefix-caching", action=argparse.BooleanOptionalAction, default=None,
+                   help="share the keys and values of identical prompt prefixes (default: on)")
     for f in fields(EngineLimits):          # the engine's limits, with their defaults, stated once there
-        p.add_argument("--" + f.name.replace("_", "-"), type=int, default=f.default, help=f"engine limit (default {f.default})")
+        p.add_argument("--" + f.name.replace("_", "-"), type=int, default=None,
+                       help=f"engine limit (default: the engine's own; on a fresh engine "
+                            f"{f.default if f.default is not None else 'the model context'})")
     p.set_defaults(func=cmd_serve)
     sub.add_parser("models", help="list supported architectures").set_defaults(func=cmd_models)
     sub.add_parser("plugins", help="list loaded plugins and samplers").set_defaults(func=cmd_plugins)
+    p = sub.add_parser("parity", help="check the engine against a fixture folder's recorded reference runs")
+    p.add_argument("folders", nargs="+", metavar="FIXTURE_DIR",
+                   help="checkpoint folder with cases.json and expected_logits.safetensors")
+    p.add_argument("--replay", action="store_true",
+                   help="hand the engine the random draws a sampled reference run recorded (default: same seed)")
+    p.add_argument("--device", default=None, help="cpu (default) or cuda")
+    p.set_defaults(func=cmd_parity)
     load_plugins().hook.register_commands(subparsers=sub)
     return parser
 

@@ -23,18 +23,21 @@ class LLM:
     ``$DLM_MODEL`` or the embedded dlm-tiny, which runs anywhere without a download. Weights load
     once per process and (model, device, dtype); every ``LLM`` naming the same model shares them and
     their batches. Limits given here (``max_num_seqs``, ``max_waiting``, ...) are set on the shared
-    engine; ``None`` keeps its own. ``close()`` (or ``with LLM(...) as llm:``) returns this handle,
+    engine; ``None`` keeps its own. ``kv_cache_memory`` (bytes) sizes the KV pages all requests
+    share; ``prefix_caching`` shares identical prompt prefixes between them. ``close()`` (or ``with LLM(...) as llm:``) returns this handle,
     and the last handle frees the weights and caches. Methods taking ``messages`` render them with
     the checkpoint's chat template.
     """
 
     def __init__(self, model: str | None = None, *, device: str | None = None, dtype: str = "auto",
                  revision: str | None = None, kernels: str | None = None, cuda_graphs: bool | None = None,
-                 config_overrides: dict | None = None,
+                 config_overrides: dict | None = None, kv_cache_memory: int | None = None,
+                 prefix_caching: bool | None = None,
                  max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
                  max_model_len: int | None = None, max_waiting: int | None = None):
         switches = {k: v for k, v in (("kernels", kernels), ("cuda_graphs", cuda_graphs),
-                                      ("config_overrides", config_overrides)) if v is not None}
+                                      ("config_overrides", config_overrides), ("kv_cache_memory", kv_cache_memory),
+                                      ("prefix_caching", prefix_caching)) if v is not None}
         self.config = EngineConfig(model=str(model or default_model()), device=device, dtype=dtype,
                                    revision=revision, **switches)
         self._loop = shared.acquire(self.config, max_num_seqs=max_num_seqs, max_waiting=max_waiting,
@@ -46,6 +49,11 @@ class LLM:
         if not self._closed:
             self._closed = True
             shared.release(self._loop)
+
+    @property
+    def closed(self) -> bool:
+        """Whether ``close()`` gave this handle back (it cannot be used again)."""
+        return self._closed
 
     def __enter__(self) -> "LLM":
         return self

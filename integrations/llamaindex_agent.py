@@ -2,6 +2,7 @@
 
 import asyncio
 
+from llama_index.core import Settings
 from llama_index.core.agent.workflow import FunctionAgent
 from llama_index.core.tools import FunctionTool
 
@@ -14,8 +15,9 @@ def get_population(city: str) -> str:
 
 
 async def run(question: str = "How many people live in Brambleton?"):
-    agent = FunctionAgent(tools=[FunctionTool.from_defaults(fn=get_population)],
-                          llm=DLM(max_tokens=64))
+    llm = DLM(max_tokens=64)
+    Settings.tokenizer = llm.tokenizer          # the agent's memory counts in the model's own tokens
+    agent = FunctionAgent(tools=[FunctionTool.from_defaults(fn=get_population)], llm=llm)
     handler = agent.run(user_msg=question)
     calls = []
     from llama_index.core.agent.workflow import ToolCallResult

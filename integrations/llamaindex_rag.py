@@ -22,7 +22,8 @@ QUESTIONS = {
 
 
 def build_query_engine():
-    Settings.llm = DLM(max_tokens=32)
+    Settings.llm = llm = DLM(max_tokens=32)
+    Settings.tokenizer = llm.tokenizer          # count chunks and prompts in the model's own tokens
     nodes = SentenceSplitter(chunk_size=128, chunk_overlap=0).get_nodes_from_documents(DOCUMENTS)
     retriever = BM25Retriever.from_defaults(nodes=nodes, similarity_top_k=1)
     return RetrieverQueryEngine.from_args(retriever)

@@ -55,7 +55,8 @@ SPECIALS = {
 }
 
 
-def build_tokenizer(family: str) -> Tokenizer:
+def build_tokenizer(family: str | None) -> Tokenizer:
+    """300 byte-level BPE tokens trained on CORPUS, then the family's special tokens from id 300."""
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -63,7 +64,8 @@ def build_tokenizer(family: str) -> Tokenizer:
                                   show_progress=False)
     tok.train_from_iterator(CORPUS, trainer)
     assert tok.get_vocab_size() == 300, tok.get_vocab_size()
-    tok.add_special_tokens(SPECIALS[family])
+    if family is not None:
+        tok.add_special_tokens(SPECIALS[family])
     return tok
 
 
@@ -86,6 +88,48 @@ def make_chat_checkpoint(dest: Path, family: str, **config_overrides) -> Path:
         "chat_template": CHATML if family == "dream" else LLAMA3,
     }
     (dest / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2))
+    return dest
+
+
+# The Ling-2.0 chat format LLaDA2 uses (roles in <role> tags, turns closed by <|role_end|>, tools in
+# <tools>, results as OBSERVATION turns), written for these tests from its published description.
+LING = (
+    "{% set roles = {'system': 'SYSTEM', 'user': 'HUMAN', 'assistant': 'ASSISTANT', 'tool': 'OBSERVATION'} %}"
+    "{% if tools %}<role>SYSTEM</role>You can call tools:\n<tools>\n{% for t in tools %}{{ t | tojson }}\n"
+    "{% endfor %}</tools><|role_end|>{% endif %}"
+    "{% for m in messages %}<role>{{ roles[m['role']] }}</role>"
+    "{% if m['role'] == 'tool' %}<tool_response>\n{{ m['content'] }}\n</tool_response>"
+    "{% else %}{{ m['content'] or '' }}{% endif %}"
+    "{% for c in m.get('tool_calls') or [] %}<tool_call>\n{\"name\": \"{{ c['function']['name'] }}\", "
+    "\"arguments\": {{ c['function']['arguments'] | tojson }}}\n</tool_call>{% endfor %}<|role_end|>{% endfor %}"
+    "{% if add_generation_prompt %}<role>ASSISTANT</role>{% endif %}"
+)
+#: block family -> (parity-block checkpoint, {id: special token}, chat template, tokenizer_config names)
+BLOCK_FAMILIES = {
+    "llada2": ("llada2-tiny", {490: "<|startoftext|>", 491: "<|endoftext|>", 492: "<role>", 493: "</role>",
+                               494: "<|mask|>", 495: "<|role_end|>"}, LING,
+               {"bos_token": "<|startoftext|>", "eos_token": "<|endoftext|>", "mask_token": "<|mask|>"}),
+    "sdar": ("sdar-tiny", {472: "<|endoftext|>", 473: "<|im_start|>", 474: "<|im_end|>", 498: "<|MASK|>"}, CHATML,
+             {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "mask_token": "<|MASK|>"}),
+    "fastdllm2": ("fastdllm2-tiny", {478: "<|endoftext|>", 479: "<|im_start|>", 480: "<|im_end|>", 500: "|<MASK>|"},
+                  CHATML, {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "mask_token": "|<MASK>|"}),
+}
+
+
+def make_block_chat_checkpoint(dest: Path, family: str) -> Path:
+    """A block-diffusion parity checkpoint with a tokenizer whose special tokens sit at the ids its
+    config uses (the mask id of LLaDA2 and Fast-dLLM v2 comes from the tokenizer) and a chat template."""
+    name, specials, template, names = BLOCK_FAMILIES[family]
+    src = FIXTURES / "parity-block" / name
+    dest.mkdir(parents=True, exist_ok=True)
+    for f in ("model.safetensors", "generation_config.json", "config.json"):
+        shutil.copy(src / f, dest / f)
+    tok = build_tokenizer(None)
+    tok.add_special_tokens([specials.get(i, f"<|reserved_{i}|>") for i in range(300, max(specials) + 1)])
+    for i, t in specials.items():
+        assert tok.token_to_id(t) == i, (t, tok.token_to_id(t), i)
+    tok.save(str(dest / "tokenizer.json"))
+    (dest / "tokenizer_config.json").write_text(json.dumps({**names, "chat_template": template}, indent=2))
     return dest
 
 
@@ -120,21 +164,10 @@ def parity_cases(name: str):
 
 
 def parity_params(case: dict):
-    """The SamplingParams that reproduce a parity case's reference sampler call."""
-    from dlm_backend import SamplingParams
+    """The SamplingParams that reproduce a parity case's reference sampler call (``dlm parity``'s mapping)."""
+    from dlm_backend.parity.cases import SAMPLERS
 
-    kind = case["sampler"]
-    if kind == "llada.generate":
-        return SamplingParams(sampler="llada", max_tokens=case["gen_length"], block_length=case["block_length"],
-                              steps=case["steps"], temperature=case["temperature"],
-                              remasking=case["remasking"], cache="none", ignore_eos=True)
-    if kind == "fast_dllm.generate(threshold)":
-        return SamplingParams(sampler="threshold", max_tokens=case["gen_length"],
-                              block_length=case["block_length"], threshold=case["threshold"],
-                              cache="none", ignore_eos=True)
-    assert kind == "dream.diffusion_generate", kind
-    return SamplingParams(sampler="dream", max_tokens=case["max_new_tokens"], steps=case["steps"],
-                          alg=case["alg"], temperature=case["temperature"], cache="none", ignore_eos=True)
+    return SAMPLERS[case["sampler"]](case, {}).params[0]
 
 
 def forward(model, ids, pos_start: int = 0, cache=None, triton: bool = False):

@@ -1,31 +1,18 @@
-"""What the framework adapters share: one engine handle per model, and their knob fields."""
+"""What the framework adapters share: their knob fields and the checks on them, both read from the
+knob table, and the engine handles each adapter holds until its ``close()``."""
 
 from __future__ import annotations
 
 import threading
+from typing import Any
 
-from dlm_backend.engine.params import DEFAULTS, KNOBS
+from dlm_backend.engine.params import (DEFAULTS, FRAMEWORK_NAMES, FRAMEWORK_TAKEN, KNOB_NAMES, KNOBS, knob_values,
+                                       unknown_field)
+from dlm_backend.errors import DLMError
 from dlm_backend.llm import LLM
 
-#: Names every framework front door leaves to the framework: LangChain's and LiteLLM's ``cache``
-#: is their response cache, so the KV cache mode is ``kv_cache`` in all the adapters alike.
-TAKEN = ("cache",)
-
-_handles: dict[tuple, LLM] = {}
-_lock = threading.Lock()
-
-
-def shared_llm(model: str | None, device: str | None = None) -> LLM:
-    """The adapters' handle on the shared engine for (model, device): weights load on first use,
-    once per process, and stay loaded for every adapter instance naming that model."""
-    key = (model, device)
-    with _lock:
-        llm = _handles.get(key)
-    if llm is None:
-        llm = LLM(model, device=device)           # loads outside the lock (other models keep serving)
-        with _lock:
-            llm = _handles.setdefault(key, llm)
-    return llm
+#: The framework front doors' knob fields, named as the knob table names them there: name -> field.
+KNOB_FIELDS: dict[str, str] = {public: name for name, public in FRAMEWORK_NAMES.items()}
 
 
 def knob_fields(field) -> dict:
@@ -33,9 +20,103 @@ def knob_fields(field) -> dict:
     (``kv_cache``): ``None`` = unset (the checkpoint's default, else the table's), described by the
     knob table. ``field`` is the framework's ``Field``."""
     out = {}
-    for name, knob in KNOBS.items():
-        public = knob.aliases[0] if name in TAKEN else name
-        kind = list[str] if knob.kind is list else knob.kind
+    for public, name in KNOB_FIELDS.items():
+        knob = KNOBS[name]
+        kind = list[knob.item] if knob.kind is list else knob.kind
         default = getattr(DEFAULTS, name)
         out[public] = (kind | None, field(default=None, description=f"{knob.doc} (default {default!r})"))
     return out
+
+
+def constructor_args(cls, data: Any, where: str) -> Any:
+    """An adapter's constructor arguments, checked by name before the framework sees them
+    (frameworks drop names they do not know, so a typo would silently decode with the defaults).
+
+    A knob's other names (``max_new_tokens``, as the server and LiteLLM take) set the knob's field;
+    a name that is neither a field nor a knob is a DLMError naming the nearest valid one; a knob
+    value under a name the framework owns (``cache="prefix"``) names the knob's own field.
+    """
+    if not isinstance(data, dict):
+        return data
+    own = set()
+    for name, info in cls.model_fields.items():
+        own |= {name} | {a for a in (info.alias, info.validation_alias) if isinstance(a, str)}
+    knob_names = [n for n in KNOB_NAMES if n not in FRAMEWORK_TAKEN]
+    out: dict = {}
+    given: dict = {}                                   # field -> the name the caller used for it
+    for name, value in data.items():
+        if name in FRAMEWORK_TAKEN and _is_knob_value(name, value, name in own):
+            public = FRAMEWORK_NAMES[name]
+            raise DLMError(f"{where}: {name} is not a decoding knob at the framework front doors; the knob is "
+                           f"{public} there: pass {public}={value!r:.60}.", param=name)
+        if name in own:
+            target = name
+        elif name in knob_names:
+            target = FRAMEWORK_NAMES[KNOB_NAMES[name]]
+        else:
+            raise unknown_field(name, sorted(own | set(knob_names)), where, kind="fields")
+        if target in given:
+            raise DLMError(f"{where}: {name} and {given[target]} name the same knob; pass one.", param=name)
+        given[target] = name
+        out[target] = value
+    return out
+
+
+def _is_knob_value(name: str, value: Any, framework_field: bool) -> bool:
+    """Whether ``value`` passed as ``name`` is meant for the knob (any value where the framework has
+    no such field; otherwise a value the knob itself would take)."""
+    if not framework_field:
+        return True
+    try:
+        KNOBS[name].check(name, value)
+    except DLMError:
+        return False
+    return True
+
+
+def check_knob_values(given: dict, where: str) -> None:
+    """The knob table's per-knob checks (type, range, allowed values) on an adapter's knob fields or
+    extra knobs, at construction: a SamplingParamsError naming the knob as the adapter spells it.
+    Rules tying knobs together wait for the call, which may change either of them."""
+    for name, value in knob_values(given, FRAMEWORK_TAKEN, where).items():
+        KNOBS[name].check(FRAMEWORK_NAMES[name], value)
+
+
+class Handles:
+    """The engine handles one adapter holds, one per (model, device): taken on first use (which
+    loads the weights unless some front door holds them already) and given back by :meth:`close`,
+    after which the next use takes a new one. A closed handle is never handed out."""
+
+    def __init__(self):
+        self._llms: dict[tuple, LLM] = {}
+        self._lock = threading.Lock()
+
+    def get(self, model: str | None, device: str | None = None) -> LLM:
+        key = (model, device)
+        with self._lock:
+            llm = self._llms.get(key)
+        if llm is not None and not llm.closed:
+            return llm
+        fresh = LLM(model, device=device)              # loads outside the lock (other models keep serving)
+        with self._lock:
+            llm = self._llms.get(key)
+            if llm is None or llm.closed:
+                self._llms[key], llm, fresh = fresh, fresh, None
+        if fresh is not None:                          # another thread took one first: give this one back
+            fresh.close()
+        return llm
+
+    def close(self) -> None:
+        """Give every handle back; the last handle on an engine frees its weights and caches."""
+        with self._lock:
+            llms, self._llms = list(self._llms.values()), {}
+        for llm in llms:
+            llm.close()
+
+    # An adapter copied (LangChain and pydantic deep-copy models) starts with no handles of its own
+    # rather than sharing a lock; a shallow copy shares them, as it shares every other attribute.
+    def __deepcopy__(self, memo) -> "Handles":
+        return Handles()
+
+    def __reduce__(self):
+        return (Handles, ())

@@ -1,7 +1,8 @@
 """LangChain chat model: ``from dlm_backend.adapters.langchain import ChatDLM``.
 
-Install with ``pip install "dlm_backend[langchain]"``. Construction never loads weights; the engine
-loads on the first call and is shared by every ChatDLM naming the same model.
+Install with ``pip install "dlm_backend[langchain]"``. Construction never loads weights but checks
+every argument against the knob table; the engine loads on the first call, is shared by every front
+door naming the same model, and ``close()`` gives this model's handle on it back.
 """
 
 from __future__ import annotations
@@ -22,12 +23,12 @@ from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResu
 from langchain_core.runnables import Runnable, RunnableLambda, RunnableMap, RunnablePassthrough
 from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_json_schema, convert_to_openai_tool
-from pydantic import BaseModel, ConfigDict, Field, create_model
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, create_model, model_validator
 
 from dlm_backend import chat
-from dlm_backend.adapters.common import TAKEN, knob_fields, shared_llm
+from dlm_backend.adapters.common import KNOB_FIELDS, Handles, check_knob_values, constructor_args, knob_fields
 from dlm_backend.engine.loader import context_length, default_model
-from dlm_backend.engine.params import DEFAULTS, KNOBS
+from dlm_backend.engine.params import DEFAULTS, FRAMEWORK_TAKEN
 from dlm_backend.errors import DLMError
 
 #: Keyword arguments a LangChain call carries besides knobs (bind_tools, with_structured_output).
@@ -42,7 +43,8 @@ class ChatDLM(create_model("_ChatDLMKnobs", __base__=BaseChatModel, **knob_field
     of the knob table (``steps``, ``block_length``, ``sampler``, ``threshold``, ``kv_cache``, ...)
     as a field or per call. Knobs left ``None`` take the checkpoint's defaults (its
     ``generation_config.json``), else the table's. ``cache`` is LangChain's response cache; the
-    diffusion KV cache mode is ``kv_cache``.
+    diffusion KV cache mode is ``kv_cache``. A misspelled or out-of-range argument is a DLMError
+    at construction; ``close()`` gives the engine handle back (the next call takes a new one).
     """
 
     model_config = ConfigDict(populate_by_name=True, protected_namespaces=())
@@ -56,6 +58,21 @@ class ChatDLM(create_model("_ChatDLMKnobs", __base__=BaseChatModel, **knob_field
     max_retries: int = 0
     api_key: str | None = None
     """Accepted for interface compatibility; a local engine needs no key."""
+    _handles: Handles = PrivateAttr(default_factory=Handles)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_arguments(cls, data: Any) -> Any:
+        return constructor_args(cls, data, "ChatDLM")
+
+    @model_validator(mode="after")
+    def _knobs_in_range(self) -> "ChatDLM":
+        check_knob_values({**self._knobs, "stop": self.stop}, "ChatDLM")
+        return self
+
+    def close(self) -> None:
+        """Give this model's engine handles back; the last handle on an engine frees its weights."""
+        self._handles.close()
 
     @property
     def _llm_type(self) -> str:
@@ -68,7 +85,7 @@ class ChatDLM(create_model("_ChatDLMKnobs", __base__=BaseChatModel, **knob_field
     @property
     def _knobs(self) -> dict[str, Any]:
         """The knob fields as set on this model (front-door names; None = unset)."""
-        return {name: getattr(self, name) for name in _KNOB_FIELDS if name != "stop"}
+        return {name: getattr(self, name) for name in KNOB_FIELDS if name != "stop"}
 
     @property
     def _identifying_params(self) -> dict[str, Any]:
@@ -96,7 +113,7 @@ class ChatDLM(create_model("_ChatDLMKnobs", __base__=BaseChatModel, **knob_field
         return profile
 
     def get_token_ids(self, text: str) -> list[int]:
-        return shared_llm(self.model, self.device).tokenizer.encode(text)
+        return self._handles.get(self.model, self.device).tokenizer.encode(text)
 
     # -- request building ---------------------------------------------------------------------
 
@@ -107,8 +124,8 @@ class ChatDLM(create_model("_ChatDLMKnobs", __base__=BaseChatModel, **knob_field
         call = {k: kwargs.pop(k) for k in CALL_ARGS if k in kwargs}
         if stop is not None:
             kwargs["stop"] = stop
-        llm = shared_llm(model, self.device)
-        params = chat.request_params(llm, {**self._knobs, "stop": self.stop}, kwargs, taken=TAKEN,
+        llm = self._handles.get(model, self.device)
+        params = chat.request_params(llm, {**self._knobs, "stop": self.stop}, kwargs, taken=FRAMEWORK_TAKEN,
                                      where="ChatDLM call")
         request = chat.ChatRequest(messages=convert_to_openai_messages(messages), params=params,
                                    tools=call.get("tools"), tool_choice=call.get("tool_choice"),
@@ -209,9 +226,6 @@ class ChatDLM(create_model("_ChatDLMKnobs", __base__=BaseChatModel, **knob_field
         parsed = RunnablePassthrough.assign(parsed=itemgetter("raw") | parser, parsing_error=lambda _: None)
         fallback = RunnablePassthrough.assign(parsed=lambda _: None)
         return RunnableMap(raw=llm) | parsed.with_fallbacks([fallback], exception_key="parsing_error")
-
-
-_KNOB_FIELDS = [n if n not in TAKEN else KNOBS[n].aliases[0] for n in KNOBS]
 
 
 def _is_pydantic(schema) -> bool:

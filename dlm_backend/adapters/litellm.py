@@ -3,7 +3,8 @@
 Install with ``pip install "dlm_backend[litellm]"``. ``dlm/default`` (or ``dlm/dlm-tiny``) is the
 embedded model; ``dlm/<folder or hub id>`` any other. Diffusion knobs (``steps``, ``block_length``,
 ``sampler``, ``threshold``, ``kv_cache``, ...) pass as extra keyword arguments; a misspelled one is
-an error naming the nearest. For the LiteLLM proxy::
+an error naming the nearest. The first call for a model loads it; ``provider.close()`` gives the
+engines back (a later call loads again). For the LiteLLM proxy::
 
     litellm_settings:
       custom_provider_map:
@@ -22,8 +23,9 @@ from litellm.llms.custom_llm import CustomLLM
 from litellm.types.utils import Choices, GenericStreamingChunk, Message, ModelResponse, Usage
 
 from dlm_backend import chat
-from dlm_backend.adapters.common import TAKEN, shared_llm
+from dlm_backend.adapters.common import Handles
 from dlm_backend.engine.loader import EMBEDDED_MODEL, context_length, default_model
+from dlm_backend.engine.params import FRAMEWORK_TAKEN
 
 PROVIDER = "dlm"
 #: ``dlm/default`` is ``$DLM_MODEL`` (else dlm-tiny); ``dlm/dlm-tiny`` is always the embedded model.
@@ -40,13 +42,13 @@ CALL_ARGS = ("tools", "tool_choice", "response_format", "stream", "stream_option
              "max_retries", "metadata")
 
 
-def _request(model: str, messages: list, optional_params: dict) -> tuple:
+def _request(handles: Handles, model: str, messages: list, optional_params: dict) -> tuple:
     params = dict(optional_params)
     params.update(params.pop("extra_body", None) or {})
     chat.refuse_unsupported(params)
     call = {k: params.pop(k) for k in (*CALL_ARGS, *chat.UNSUPPORTED) if k in params}
-    llm = shared_llm(_model_path(model))
-    sampling = chat.request_params(llm, params, taken=TAKEN, where="litellm.completion")
+    llm = handles.get(_model_path(model))
+    sampling = chat.request_params(llm, params, taken=FRAMEWORK_TAKEN, where="litellm.completion")
     request = chat.ChatRequest(messages, sampling, tools=call.get("tools"), tool_choice=call.get("tool_choice"),
                                response_format=call.get("response_format"))
     return llm, request
@@ -79,12 +81,22 @@ def _chunk(delta: chat.ChatDelta) -> GenericStreamingChunk:
 
 
 class DLMProvider(CustomLLM):
-    """The handler LiteLLM calls for ``dlm/...`` model strings."""
+    """The handler LiteLLM calls for ``dlm/...`` model strings; it holds a handle on each model's
+    engine from its first call until :meth:`close`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._handles = Handles()
+
+    def close(self) -> None:
+        """Give every engine handle back (the last handle on an engine frees its weights); the next
+        call for a model loads it again."""
+        self._handles.close()
 
     def completion(self, model: str, messages: list, api_base: str | None = None, custom_prompt_dict=None,
                    model_response: ModelResponse | None = None, print_verbose=None, encoding=None,
                    api_key=None, logging_obj=None, optional_params: dict | None = None, **kwargs: Any) -> ModelResponse:
-        llm, request = _request(model, messages, optional_params or {})
+        llm, request = _request(self._handles, model, messages, optional_params or {})
         return _fill(model_response or ModelResponse(), chat.complete(llm, request), model)
 
     async def acompletion(self, model: str, messages: list, api_base: str | None = None, custom_prompt_dict=None,
@@ -92,13 +104,13 @@ class DLMProvider(CustomLLM):
                           api_key=None, logging_obj=None, optional_params: dict | None = None,
                           **kwargs: Any) -> ModelResponse:
         # Off the event loop: the first request for a model loads its weights.
-        llm, request = await asyncio.to_thread(_request, model, messages, optional_params or {})
+        llm, request = await asyncio.to_thread(_request, self._handles, model, messages, optional_params or {})
         return _fill(model_response or ModelResponse(), await chat.acomplete(llm, request), model)
 
     def streaming(self, model: str, messages: list, api_base: str | None = None, custom_prompt_dict=None,
                   model_response: ModelResponse | None = None, print_verbose=None, encoding=None, api_key=None,
                   logging_obj=None, optional_params: dict | None = None, **kwargs: Any) -> Iterator[GenericStreamingChunk]:
-        llm, request = _request(model, messages, optional_params or {})
+        llm, request = _request(self._handles, model, messages, optional_params or {})
         for delta in chat.stream(llm, request):
             yield _chunk(delta)
 
@@ -106,7 +118,7 @@ class DLMProvider(CustomLLM):
                          model_response: ModelResponse | None = None, print_verbose=None, encoding=None,
                          api_key=None, logging_obj=None, optional_params: dict | None = None,
                          **kwargs: Any) -> AsyncIterator[GenericStreamingChunk]:
-        llm, request = await asyncio.to_thread(_request, model, messages, optional_params or {})
+        llm, request = await asyncio.to_thread(_request, self._handles, model, messages, optional_params or {})
         async for delta in chat.astream(llm, request):
             yield _chunk(delta)
 

@@ -1,32 +1,32 @@
 """LlamaIndex LLM: ``Settings.llm = DLM()`` (``from dlm_backend.adapters.llamaindex import DLM``).
 
 Install with ``pip install "dlm_backend[llamaindex]"``. A ``FunctionCallingLLM``, so query engines,
-chat engines and ``FunctionAgent`` use it directly; the engine loads on first use. Unless a
-tokenizer is already set globally, the first ``DLM`` makes LlamaIndex count tokens with its model's
-tokenizer (``count_tokens_with_model``): the context window is in those tokens.
+chat engines and ``FunctionAgent`` use it directly; the engine loads on first use and ``close()``
+gives it back. Constructing a ``DLM`` changes no LlamaIndex setting. Its context window is in its
+own tokens, so count with them: ``Settings.tokenizer = llm.tokenizer``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from llama_index.core.base.llms.types import (ChatMessage, ChatResponse, ChatResponseAsyncGen, ChatResponseGen,
                                               CompletionResponse, CompletionResponseAsyncGen,
                                               CompletionResponseGen, LLMMetadata, MessageRole, TextBlock,
                                               ToolCallBlock)
-from llama_index.core.bridge.pydantic import Field, PrivateAttr, create_model
+from llama_index.core.bridge.pydantic import Field, PrivateAttr, create_model, model_validator
 from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
 from llama_index.core.llms.function_calling import FunctionCallingLLM
 from llama_index.core.llms.llm import ToolSelection
 
 from dlm_backend import chat
-from dlm_backend.adapters.common import TAKEN, knob_fields, shared_llm
+from dlm_backend.adapters.common import KNOB_FIELDS, Handles, check_knob_values, constructor_args, knob_fields
 from dlm_backend.engine.loader import context_length, default_model
-from dlm_backend.engine.params import DEFAULTS, KNOBS
+from dlm_backend.engine.params import DEFAULTS, FRAMEWORK_TAKEN
+from dlm_backend.errors import DLMError
 
-_KNOB_FIELDS = [n if n not in TAKEN else KNOBS[n].aliases[0] for n in KNOBS]
 #: Keyword arguments LlamaIndex passes besides knobs (chat_with_tools, structured_predict).
 CALL_ARGS = ("tools", "tool_choice", "response_format")
 
@@ -36,28 +36,47 @@ class DLM(create_model("_DLMKnobs", __base__=FunctionCallingLLM, **knob_fields(F
 
     Every diffusion knob of the knob table is a field (``sampler``, ``threshold``, ``block_length``,
     ``steps``, ``kv_cache``, ...); left ``None`` it takes the checkpoint's default, else the table's.
+    A misspelled or out-of-range argument is a DLMError at construction.
+
+    LlamaIndex's splitters and prompt packing count tokens with ``Settings.tokenizer`` (tiktoken
+    unless set), but ``metadata.context_window`` is in this model's tokens: dlm-tiny's vocabulary is
+    4096 pieces, so a README of 3,733 tiktoken tokens is 8,714 of its own and a default query engine
+    packed 2.3x too much context. ``Settings.tokenizer = llm.tokenizer`` counts with the model's own.
     """
 
     model: str | None = Field(default=None, description="checkpoint folder or hub id (default: dlm-tiny)")
     device: str | None = Field(default=None)
     additional_kwargs: dict[str, Any] = Field(default_factory=dict, description="more knobs, by name")
-    count_tokens_with_model: bool = Field(
-        default=True, description="make LlamaIndex count tokens with this model's tokenizer unless one is set "
-                                  "(Settings.tokenizer / set_global_tokenizer)")
     _context_window: int | None = PrivateAttr(default=None)
+    _handles: Handles = PrivateAttr(default_factory=Handles)
 
-    def model_post_init(self, context: Any) -> None:
-        super().model_post_init(context)
-        # metadata.context_window is in this model's tokens, but LlamaIndex's PromptHelper and
-        # splitters count with a global tokenizer, tiktoken unless set. dlm-tiny's vocabulary is
-        # 4096 pieces: a README of 3,733 tiktoken tokens is 8,714 of its own, so a default query
-        # engine packed 2.3x too much context and overflowed the 2048-token window.
-        import llama_index.core
-        if self.count_tokens_with_model and llama_index.core.global_tokenizer is None:
-            llama_index.core.global_tokenizer = self._count_tokens
+    @model_validator(mode="before")
+    @classmethod
+    def _known_arguments(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "count_tokens_with_model" in data:
+            raise DLMError("DLM: count_tokens_with_model is gone (constructing a DLM no longer changes LlamaIndex's "
+                           "global tokenizer); set Settings.tokenizer = llm.tokenizer instead.",
+                           param="count_tokens_with_model")
+        return constructor_args(cls, data, "DLM")
+
+    @model_validator(mode="after")
+    def _knobs_in_range(self) -> "DLM":
+        check_knob_values({name: getattr(self, name) for name in KNOB_FIELDS}, "DLM")
+        check_knob_values(self.additional_kwargs, "DLM additional_kwargs")
+        return self
+
+    @property
+    def tokenizer(self) -> Callable[[str], list[int]]:
+        """Text -> this model's token ids, for ``Settings.tokenizer`` (the first count loads the
+        engine, as a first call would)."""
+        return self._count_tokens
 
     def _count_tokens(self, text: str) -> list[int]:
-        return self._llm.tokenizer.encode(text)      # the first count loads the engine, as a first call would
+        return self._llm.tokenizer.encode(text)
+
+    def close(self) -> None:
+        """Give this model's engine handle back; the last handle on an engine frees its weights."""
+        self._handles.close()
 
     @classmethod
     def class_name(cls) -> str:
@@ -65,7 +84,7 @@ class DLM(create_model("_DLMKnobs", __base__=FunctionCallingLLM, **knob_fields(F
 
     @property
     def _llm(self):
-        return shared_llm(self.model, self.device)
+        return self._handles.get(self.model, self.device)
 
     @property
     def metadata(self) -> LLMMetadata:
@@ -80,8 +99,8 @@ class DLM(create_model("_DLMKnobs", __base__=FunctionCallingLLM, **knob_fields(F
 
     def _request(self, messages: Sequence[ChatMessage], kwargs: dict) -> chat.ChatRequest:
         call = {k: kwargs.pop(k) for k in CALL_ARGS if k in kwargs}
-        fields = {name: getattr(self, name) for name in _KNOB_FIELDS}
-        params = chat.request_params(self._llm, fields, self.additional_kwargs, kwargs, taken=TAKEN,
+        fields = {name: getattr(self, name) for name in KNOB_FIELDS}
+        params = chat.request_params(self._llm, fields, self.additional_kwargs, kwargs, taken=FRAMEWORK_TAKEN,
                                      where="DLM call")
         return chat.ChatRequest([_to_openai(m) for m in messages], params, tools=call.get("tools"),
                                 tool_choice=call.get("tool_choice"), response_format=call.get("response_format"))

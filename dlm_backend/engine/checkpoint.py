@@ -10,7 +10,7 @@ from dlm_backend.engine.loader import read_config, resolve_checkpoint
 from dlm_backend.engine.weights import load_model
 from dlm_backend.engine.models.base import DiffusionLM
 from dlm_backend.engine.models.config import ConfigReader
-from dlm_backend.engine.params import checkpoint_defaults
+from dlm_backend.engine.params import checkpoint_defaults, layered
 from dlm_backend.engine.samplers.base import TokenInfo
 from dlm_backend.engine.tokenizer import Tokenizer
 from dlm_backend.errors import CheckpointError
@@ -22,7 +22,8 @@ class Checkpoint:
 
     folder: Path
     hf_config: dict
-    #: Decoding knobs the checkpoint names for itself (``generation_config.json``'s ``dlm_sampling``).
+    #: Decoding knobs the checkpoint names for itself (``generation_config.json``'s ``dlm_sampling``),
+    #: over its family's reference set-up.
     sampling_defaults: dict
     model: DiffusionLM
     tokenizer: Tokenizer | None       # None: no tokenizer.json, token ids only
@@ -40,6 +41,9 @@ def open_checkpoint(config: EngineConfig) -> Checkpoint:
     # Checked before the weights load, so a bad file fails fast.
     defaults = checkpoint_defaults(hf_config.get("_generation_config", {}), str(folder / "generation_config.json"))
     model = load_model(folder, hf_config, config.torch_device, config.torch_dtype)
+    # The family's reference set-up first (LLaDA2: llada2 at 0.95), the checkpoint's own on top; a
+    # checkpoint naming another sampler replaces it whole.
+    defaults = layered(type(model).sampling_defaults, defaults)
     # No tokenizer.json: token ids only. One that is there but broken is an error, not "absent".
     tokenizer = Tokenizer(folder) if (folder / "tokenizer.json").is_file() else None
     return Checkpoint(folder, hf_config, defaults, model, tokenizer, _token_info(model, hf_config, tokenizer))

@@ -72,6 +72,9 @@ class EngineConfig:
     #: bytes of the paged KV cache shared by all requests (None: 90% of the GPU's memory left after
     #: the weights, or 1 GiB on CPU); admission waits for free pages, so this bounds memory, not speed
     kv_cache_memory: int | None = None
+    #: share the keys and values of identical prompt prefixes between requests (block families);
+    #: off only changes how many passes a request costs, never its tokens
+    prefix_caching: bool = True
 
     def __post_init__(self):
         check_dtype(self.dtype)
@@ -99,6 +102,7 @@ class EngineConfig:
         """Engines are shared per key: the same weights on the same device, run the same way."""
         return (os.path.abspath(self.model) if os.path.isdir(self.model) else self.model, str(self.torch_device),
                 self.torch_dtype, self.revision, self.kernels, self.cuda_graphs, self.kv_cache_memory,
+                self.prefix_caching,
                 json.dumps(self.config_overrides, sort_keys=True, default=str))
 
 

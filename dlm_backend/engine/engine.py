@@ -21,6 +21,7 @@ from dlm_backend.engine.outputs import StreamChunk
 from dlm_backend.engine.params import SamplingParams
 from dlm_backend.engine.runner import ModelRunner
 from dlm_backend.engine.samplers.base import Sampler
+from dlm_backend.engine.samplers.random import ReplayRandom
 from dlm_backend.engine.scheduler import Scheduler
 from dlm_backend.engine.sequence import Sequence
 from dlm_backend.engine.validate import check_request, find_sampler
@@ -52,7 +53,7 @@ class LLMEngine:
         self.allocator = PageAllocator(num_pages, self.page_size)
         self.runner = ModelRunner(model, self.device, self.dtype, self.tokens, pool, triton, config.cuda_graphs)
         self.limits = limits or EngineLimits()
-        self.scheduler = Scheduler(self.limits, model.logits_shift, self.allocator)
+        self.scheduler = Scheduler(self.limits, model.logits_shift, self.allocator, config.prefix_caching)
         self.sequence_class = BlockSequence if a.block_size else CanvasSequence
         self.stats = EngineStats()
 
@@ -98,11 +99,12 @@ class LLMEngine:
         return check_request(self, prompt_token_ids, params, response_template)
 
     def add_request(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None,
-                    response_template: list[int | None] | None = None) -> Sequence:
+                    response_template: list[int | None] | None = None, draws: list[dict] | None = None) -> Sequence:
         """Validate and queue one request; raises a DLMError (and queues nothing) on bad input.
 
         ``response_template`` fixes output tokens in advance (``None`` = a slot to denoise); it must
-        fit in ``max_tokens``.
+        fit in ``max_tokens``. ``draws`` replays a recorded run's random draws instead of drawing
+        (samplers/random.py ``ReplayRandom``: ``dlm parity`` checks a sampled reference run with it).
         """
         if self.is_full:
             self.stats.record_rejected()
@@ -110,6 +112,8 @@ class LLMEngine:
                                  "Retry shortly, or raise max_waiting.")
         sampler = self.check(prompt_token_ids, params, response_template)
         seq = self.new_sequence(prompt_token_ids, params, sampler, request_id, response_template)
+        if draws is not None:
+            seq.random = ReplayRandom(draws, self.device)
         self.scheduler.add(seq)
         return seq
 
@@ -128,7 +132,6 @@ class LLMEngine:
         chunk = seq.take_chunk(time.monotonic())
         self.stats.record_finish("abort")
         self.scheduler.remove_finished()
-        self.runner.free(seq)
         return chunk
 
     @property
@@ -173,11 +176,10 @@ class LLMEngine:
             if chunk.finished:
                 self.stats.record_finish("error" if chunk.error else chunk.finish_reason)
         for seq in batch:                     # prompt pages now cached become shareable
-            if isinstance(seq, BlockSequence) and not seq.is_finished:
+            if not seq.is_finished and self.config.prefix_caching:
                 for page, h in seq.clean_prompt_pages(self.page_size):
                     self.allocator.publish(page, h)
-        for seq in self.scheduler.remove_finished():
-            self.runner.free(seq)
+        self.scheduler.remove_finished()
         return chunks
 
     def _run_isolated(self, batch: list[Sequence]) -> None:

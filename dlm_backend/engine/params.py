@@ -41,6 +41,11 @@ class Knob:
     nullable: bool = False            # None allowed (it means what ``doc`` says)
     checkpoint: bool = False          # a checkpoint's ``dlm_sampling`` may set it
     aliases: tuple[str, ...] = ()     # other names the front doors accept (where the framework has not taken them)
+    item: type = str                  # a list knob's element type
+    #: Its name at the framework front doors (LangChain, LlamaIndex, LiteLLM) when a framework owns
+    #: the field's own name (LangChain's and LiteLLM's ``cache`` is their response cache); there
+    #: only this name works, and it is accepted everywhere else too.
+    framework: str | None = None
 
     def check(self, name: str, value):
         """``value`` if it is allowed for field ``name``, else a SamplingParamsError naming the rule."""
@@ -49,12 +54,16 @@ class Knob:
         kinds = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
         ok = isinstance(value, bool) if self.kind is bool else (
             isinstance(value, (int, float) if self.kind is float else self.kind) and not isinstance(value, bool))
-        if self.kind is list:
+        if self.kind is list and self.item is str:
             ok = isinstance(value, list) and len(value) <= MAX_STOP and all(
                 isinstance(s, str) and 0 < len(s) <= MAX_STOP_CHARS for s in value)
+        elif self.kind is list:
+            ok = isinstance(value, list) and len(value) <= MAX_STOP and all(
+                isinstance(i, int) and not isinstance(i, bool) and 0 <= i < MAX_LENGTH for i in value)
         if not ok:
             want = kinds.get(self.kind, f"a string or a list of at most {MAX_STOP} non-empty strings of up to "
-                                        f"{MAX_STOP_CHARS} characters")
+                                        f"{MAX_STOP_CHARS} characters" if self.item is str else
+                             f"a list of at most {MAX_STOP} token ids")
             raise SamplingParamsError(f"Invalid SamplingParams: {name} must be {want}"
                                       f"{' (or null)' if self.nullable else ''}, got {value!r:.80}.", param=name)
         if self.kind is float and not math.isfinite(value):
@@ -115,9 +124,11 @@ class SamplingParams:
     seed: int | None = knob(None, "fixes sampled output", int, low=-2**63, high=2**64, high_open=True,
                             nullable=True)
     stop: list[str] = knob([], "strings that end the output (not included)", list)
-    ignore_eos: bool = knob(False, "keep going past end-of-sequence tokens", bool)
+    stop_token_ids: list[int] = knob([], "token ids that end the output besides the model's end tokens (the "
+                                     "token is the output's stop_reason)", list, item=int)
+    ignore_eos: bool = knob(False, "keep going past the model's end tokens (stop_token_ids still stop)", bool)
     cache: str = knob("dual", "KV cache: none (reference-exact), prefix or dual", str, choices=CACHE_MODES,
-                      checkpoint=True, aliases=("kv_cache",))
+                      checkpoint=True, framework="kv_cache")
     threshold: float = knob(0.9, "threshold rule: commit slots at least this confident", float, low=0, high=1,
                             low_open=True, checkpoint=True)
     factor: float = knob(1.0, "factor rule: larger commits more per pass", float, low=0, high=1000, low_open=True,
@@ -152,6 +163,8 @@ class SamplingParams:
             self.stop = [self.stop] if isinstance(self.stop, str) else list(self.stop)
         if self.stop is None:
             self.stop = []
+        if self.stop_token_ids is None:
+            self.stop_token_ids = []
         for name, spec in KNOBS.items():
             spec.check(name, getattr(self, name))
         if self.temperature < GREEDY_BELOW:
@@ -175,15 +188,21 @@ class SamplingParams:
 #: The knob table: field name -> :class:`Knob`, in declaration order.
 KNOBS: dict[str, Knob] = {f.name: f.metadata["knob"] for f in dataclasses.fields(SamplingParams)}
 #: Every name a front door may use for a knob -> the field it sets.
-KNOB_NAMES: dict[str, str] = {**{a: n for n, k in KNOBS.items() for a in k.aliases}, **{n: n for n in KNOBS}}
+KNOB_NAMES: dict[str, str] = {**{a: n for n, k in KNOBS.items() for a in (*k.aliases, k.framework) if a},
+                              **{n: n for n in KNOBS}}
+#: Each knob's name at the framework front doors (``cache`` -> ``kv_cache``): field -> name.
+FRAMEWORK_NAMES: dict[str, str] = {n: k.framework or n for n, k in KNOBS.items()}
+#: Field names a framework owns, so its front door refuses them as knobs (pass to :func:`knob_values`).
+FRAMEWORK_TAKEN: tuple[str, ...] = tuple(n for n, k in KNOBS.items() if k.framework)
 DEFAULTS = SamplingParams()
 
 
 def knob_values(given: dict, taken: tuple[str, ...] = (), where: str = "request") -> dict:
     """SamplingParams fields from a front door's knob arguments (aliases resolved, ``None`` = unset).
 
-    ``taken`` are names the framework itself owns (LangChain's and LiteLLM's ``cache``); there only
-    the alias works. An unknown name is a SamplingParamsError naming the nearest knob.
+    ``taken`` are names the framework itself owns (:data:`FRAMEWORK_TAKEN` at the framework front
+    doors); there only the knob's framework name works. An unknown name is a SamplingParamsError
+    naming the nearest knob.
     """
     values: dict = {}
     for name, value in given.items():
@@ -195,10 +214,10 @@ def knob_values(given: dict, taken: tuple[str, ...] = (), where: str = "request"
     return values
 
 
-def unknown_field(name: str, valid, where: str) -> SamplingParamsError:
-    """The error for a field nobody declared, naming the closest valid one."""
+def unknown_field(name: str, valid, where: str, kind: str = "knobs") -> SamplingParamsError:
+    """The error for a field nobody declared, naming the closest valid one (else every valid ``kind``)."""
     near = difflib.get_close_matches(str(name), list(valid), n=1, cutoff=0.6)
-    hint = f" Did you mean {near[0]!r}?" if near else f" Valid knobs: {', '.join(sorted(valid))}."
+    hint = f" Did you mean {near[0]!r}?" if near else f" Valid {kind}: {', '.join(sorted(valid))}."
     return SamplingParamsError(f"Unknown {where} field {name!r}.{hint}", param=str(name))
 
 

@@ -16,7 +16,7 @@ from dlm_backend.errors import EngineError
 
 
 class ModelRunner:
-    """Owns the weights, the KV pool, the requests' random generators and the forward pass.
+    """Owns the weights, the KV pool and the forward pass.
 
     One :meth:`step` asks each scheduled sequence for its next :class:`Pass`, packs every pass's
     positions into a single token batch (paged passes first: their keys and values go into the pool
@@ -31,7 +31,6 @@ class ModelRunner:
         self.model, self.device, self.dtype, self.tokens = model, device, dtype, tokens
         self.pool = pool
         self.triton = triton            # kernel dispatch, decided once (kernels.resolve_kernels)
-        self.generators: dict[int, torch.Generator] = {}
         self.graphs: BlockGraphs | None = None
         if device.type == "cuda" and cuda_graphs and triton and pool is not None:
             self.graphs = BlockGraphs(model, pool, device, capture=True)
@@ -40,21 +39,18 @@ class ModelRunner:
     def logits_shift(self) -> int:
         return self.model.logits_shift
 
-    def _random_for(self, seq: Sequence) -> TorchRandom:
+    def _random_for(self, seq: Sequence):
+        """The request's draws: a generator on this device seeded once (from ``seed``, else at
+        random), kept on the sequence (a replayed run brings its own)."""
         if seq.random is None:
             gen = torch.Generator(device=self.device)
             seed = seq.params.seed
             gen.manual_seed(seed if seed is not None else int(torch.randint(0, 2**62, ()).item()))
-            self.generators[seq.seq_id] = gen
             seq.random = TorchRandom(gen)
         return seq.random
 
-    def free(self, seq: Sequence) -> None:
-        self.generators.pop(seq.seq_id, None)
-
     def close(self) -> None:
         """Drop the weights, the KV pool and captured graphs (the memory returns to torch's allocator)."""
-        self.generators.clear()
         self.graphs = self.pool = self.model = None
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
@@ -62,8 +58,8 @@ class ModelRunner:
     def _wants_stats(self, seq: Sequence, step: Pass) -> bool:
         """Kernel path, greedy, plain logits: the sampler can decide from fused (token, confidence)."""
         p = seq.params
-        return (self.triton and step.kind == "denoise" and seq.sampler.uses_unmask_stats and not seq.sampler.edits
-                and p.temperature == 0 and not step.cfg and p.top_p is None and p.top_k is None)
+        return (self.triton and step.kind == "denoise" and seq.sampler.uses_unmask_stats and not step.cfg
+                and p.temperature == 0 and p.top_p is None and p.top_k is None)
 
     # -- the forward ---------------------------------------------------------------------------------
 
@@ -151,8 +147,8 @@ class ModelRunner:
             at = first[f]
             first[f] += n * (2 if step.cfg else 1)
             if f:
-                commit = seq.sampler.step_from_stats(type(stats)(*(t[at:at + n] for t in stats)), seq.params)
-                seq.apply(step, commit)
+                part = type(stats)(*(t[at:at + n] for t in stats))
+                seq.apply(step, seq.sampler.step_from_stats(part, self._step_input(seq, step, None)))
             elif step.kind == "cache":
                 seq.apply(step, ar_tokens=logits[at:at + n].argmax(-1).tolist() if n else None)
             else:
@@ -164,9 +160,11 @@ class ModelRunner:
             if not bool(torch.isfinite(seq_logits).all()):     # the NaN check above ran before guidance
                 raise EngineError(f"Classifier-free guidance at cfg_scale={seq.params.cfg_scale} overflowed "
                                   f"{self.dtype}; lower cfg_scale.")
+        return seq.sampler.step(self._step_input(seq, step, seq_logits))
+
+    def _step_input(self, seq: Sequence, step: Pass, logits: torch.Tensor | None) -> StepInput:
         random = self._random_for(seq)
-        return seq.sampler.step(StepInput(
-            logits=seq_logits, positions=step.candidates, step=seq.step_in_block, block_state=seq.block_state,
-            params=seq.params, generator=random.generator, tokens=self.tokens,
-            current=[seq.canvas[p] for p in step.candidates], masked=[not e for e in step.editable] or
-            [True] * len(step.candidates), random=random))
+        return StepInput(logits=logits, positions=step.candidates, step=seq.step_in_block,
+                         block_state=seq.block_state, params=seq.params, generator=random.generator,
+                         tokens=self.tokens, current=[seq.canvas[p] for p in step.candidates],
+                         masked=step.masked or [True] * len(step.candidates), random=random)

@@ -14,10 +14,11 @@ class Scheduler:
     taken); each step batches running requests whose passes fit ``limits.max_num_batched_tokens``
     (always at least one), rotating so none starves. Pages go back when a request ends."""
 
-    def __init__(self, limits, logits_shift: int, allocator: PageAllocator | None):
+    def __init__(self, limits, logits_shift: int, allocator: PageAllocator | None, prefix_caching: bool = True):
         self.limits = limits            # EngineLimits, replaced when the engine's limits change
         self.logits_shift = logits_shift
         self.allocator = allocator
+        self.prefix_caching = prefix_caching
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
 
@@ -36,7 +37,8 @@ class Scheduler:
         if not seq.kv_positions:
             return True
         alloc = self.allocator
-        got = alloc.reserve(alloc.pages_for(seq.kv_positions), seq.prefix_hashes(alloc.page_size))
+        hashes = seq.prefix_hashes(alloc.page_size) if self.prefix_caching else []
+        got = alloc.reserve(alloc.pages_for(seq.kv_positions), hashes)
         if got is None:
             return False
         seq.pages, shared = got

@@ -47,7 +47,7 @@ class Pass:
     block_size: int | None = None
     kind: str = "denoise"
     cfg: bool = False
-    editable: list[bool] = field(default_factory=list)   # per candidate: already committed (editing samplers)
+    masked: list[bool] = field(default_factory=list)     # per candidate: still masked (empty: all are)
 
     @property
     def num_tokens(self) -> int:
@@ -68,7 +68,8 @@ class Sequence(ABC):
         self.params = params
         self.sampler = sampler
         self.mask_id = tokens.mask_id
-        self.stop_ids = frozenset() if params.ignore_eos else frozenset(tokens.eos_ids + tokens.eot_ids)
+        ends = () if params.ignore_eos else tokens.eos_ids + tokens.eot_ids
+        self.stop_ids = frozenset(ends) | frozenset(params.stop_token_ids)
         # A response template fixes some output tokens up front (None = free slot): a forced prefix,
         # or a JSON skeleton whose value slots alone are denoised. A stop token inside its slots does
         # not end the request: the skeleton's fixed tail comes after it.
@@ -123,6 +124,15 @@ class Sequence(ABC):
     def prefix_hashes(self, page_size: int) -> list[int]:
         """Hashes of the full prompt pages others may share (none unless block-causal)."""
         return []
+
+    def clean_prompt_pages(self, page_size: int) -> list[tuple[int, int]]:
+        """(page, hash) of shareable prompt pages whose keys and values were written since the last
+        call: the engine offers them to the prefix cache."""
+        hashes = self.prefix_hashes(page_size)
+        ready = min(len(hashes), self.num_cached // page_size, len(self.pages))
+        out = [(self.pages[i], hashes[i]) for i in range(self.published, ready)]
+        self.published = max(self.published, ready)
+        return out
 
     # -- what the subclasses provide ---------------------------------------------------------
 

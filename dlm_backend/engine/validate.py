@@ -18,7 +18,9 @@ def check_request(engine, prompt_token_ids: list[int], params: SamplingParams,
     """The request's sampler, or the DLMError that keeps it out of ``engine``'s queue."""
     if not isinstance(params, SamplingParams):
         raise SamplingParamsError(f"sampling_params must be a SamplingParams, not {type(params).__name__}.")
-    if not prompt_token_ids:
+    if not prompt_token_ids and not engine.model_args.block_size:
+        # A block-diffusion model starts from a block of masks (unconditional generation); a
+        # full-sequence model has nothing to condition the canvas on.
         raise DLMError("The prompt is empty. Pass at least one token (a diffusion model needs context to "
                        "condition on).")
     vocab = engine.model_args.vocab_size

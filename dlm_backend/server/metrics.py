@@ -53,6 +53,15 @@ class EngineCollector:
         yield counter("dlm_generated_tokens", "Generated tokens.", stats.generated_tokens if stats else 0)
         yield counter("dlm_requests_rejected", "Requests refused because the queue was full.",
                       stats.rejected if stats else 0)
+        kv = getattr(engine, "allocator", None)
+        yield gauge("dlm_kv_cache_pages", "KV cache pages in the pool.", kv.num_pages if kv else 0)
+        yield gauge("dlm_kv_cache_pages_used", "KV cache pages held by requests (cached prefixes nobody holds "
+                    "count as free).", kv.num_used if kv else 0)
+        yield counter("dlm_prefix_cache_queries", "Full prompt pages looked up in the prefix cache.",
+                      kv.lookups if kv else 0)
+        yield counter("dlm_prefix_cache_hits", "Prompt pages found in the prefix cache (their keys and values "
+                      "were not computed again).", kv.hits if kv else 0)
+        yield gauge("dlm_prefix_cache_hit_rate", "Prefix cache hits / queries since start.", kv.hit_rate if kv else 0.0)
         finished = CounterMetricFamily("dlm_requests_finished", "Finished requests by reason.", labels=["reason"])
         for reason, count in sorted((stats.finished if stats else {}).items()):
             finished.add_metric([reason], count)

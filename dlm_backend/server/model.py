@@ -67,7 +67,8 @@ class ServedModel:
 
     @property
     def capacity(self) -> int:
-        return self.cfg.limits.max_num_seqs + self.cfg.limits.max_waiting
+        limits = self.llm().engine.limits           # the shared engine's: another front door may set them
+        return limits.max_num_seqs + limits.max_waiting
 
     @property
     def loaded(self) -> LLM | None:
@@ -80,7 +81,8 @@ class ServedModel:
                 if self._llm is None:
                     try:
                         llm = LLM(self.cfg.model, device=self.cfg.device, dtype=self.cfg.dtype,
-                                  **vars(self.cfg.limits))
+                                  kv_cache_memory=self.cfg.kv_cache_memory,
+                                  prefix_caching=self.cfg.prefix_caching, **self.cfg.limits)
                         if llm.engine.tokenizer is not None:     # the prompt-length bound, before requests
                             longest_token(llm.engine.tokenizer)
                         self._llm = llm
@@ -94,10 +96,11 @@ class ServedModel:
 
     def reserve(self) -> Slot:
         """A slot for one request, or Busy when every slot is taken."""
+        limits = self.llm().engine.limits           # read before the lock: a first use loads the model
         with self.lock:
-            if self.held >= self.capacity:
-                raise Busy(f"The server is at capacity ({self.cfg.limits.max_num_seqs} running, "
-                           f"{self.cfg.limits.max_waiting} queued); retry shortly.")
+            if self.held >= limits.max_num_seqs + limits.max_waiting:
+                raise Busy(f"The server is at capacity ({limits.max_num_seqs} running, "
+                           f"{limits.max_waiting} queued); retry shortly.")
             self.held += 1
         return Slot(self)
 

@@ -111,30 +111,16 @@ def no_global_tokenizer():
     llama_index.core.global_tokenizer = saved
 
 
-def test_llamaindex_counts_tokens_with_the_model_unless_told_otherwise(dream_chat, no_global_tokenizer):
-    import llama_index.core
-    from llama_index.core.utils import get_tokenizer
-    from dlm_backend import LLM
-    DLM(model=str(dream_chat))
-    text = "Diffusion models fill masked tokens in parallel."
-    assert get_tokenizer()(text) == LLM(str(dream_chat)).tokenizer.encode(text)
-    mine = len
-    llama_index.core.global_tokenizer = mine
-    DLM(model=str(dream_chat))
-    assert llama_index.core.global_tokenizer is mine                  # a tokenizer the user set stays
-    llama_index.core.global_tokenizer = None
-    DLM(model=str(dream_chat), count_tokens_with_model=False)
-    assert llama_index.core.global_tokenizer is None
-
-
 def test_a_default_query_engine_over_a_long_document_fits_the_window(no_global_tokenizer):
     """The README through a default VectorStoreIndex: with tiktoken's counts the packed prompt was
-    2.3x dlm-tiny's 2048-token window (ContextLengthError); with the model's own it fits."""
+    2.3x dlm-tiny's 2048-token window (ContextLengthError); counting with the model's own tokenizer
+    (the documented ``Settings.tokenizer = llm.tokenizer``) it fits."""
     from pathlib import Path
-    from llama_index.core import Document, VectorStoreIndex
+    from llama_index.core import Document, Settings, VectorStoreIndex
     from llama_index.core.embeddings import MockEmbedding
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     llm = DLM(max_tokens=32)
+    Settings.tokenizer = llm.tokenizer
     index = VectorStoreIndex.from_documents([Document(text=readme)], embed_model=MockEmbedding(embed_dim=8))
     answer = index.as_query_engine(llm=llm).query("What is dlm-tiny?")
     assert isinstance(answer.response, str) and answer.source_nodes
@@ -144,6 +130,5 @@ def test_every_knob_is_a_field(dream_chat):
     from dlm_backend.engine.params import KNOBS
 
     assert {n for n in KNOBS if n != "cache"} | {"kv_cache"} <= set(DLM.model_fields)
-    llm = DLM(model=str(dream_chat), max_tokens=8, block_length=8, remasking="random", sampler="llada",
-              count_tokens_with_model=False)
+    llm = DLM(model=str(dream_chat), max_tokens=8, block_length=8, remasking="random", sampler="llada")
     assert isinstance(llm.complete("hi").text, str)

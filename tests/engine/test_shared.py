@@ -58,3 +58,33 @@ def test_execution_switches_make_separate_engines():
     a = LLM(str(PARITY / "llada-tiny"), kernels="torch")
     b = LLM(str(PARITY / "llada-tiny"), kernels="auto")
     assert a.engine is not b.engine and a.config.key != b.config.key
+
+
+def test_only_limits_set_explicitly_change_the_shared_engine(tmp_path):
+    """A server on a model an LLM already runs with its own limits reset them to 64/256: it always
+    passed every default. Now only the limits a front door names change the engine."""
+    import shutil
+
+    from dlm_backend.cli import build_parser
+    from dlm_backend.engine.config import EngineLimits
+    from dlm_backend.server.config import ServerConfig
+    from dlm_backend.server.model import ServedModel
+
+    folder = str(shutil.copytree(PARITY / "dream-tiny", tmp_path / "m"))
+    llm = LLM(folder, max_num_seqs=4, max_waiting=2)
+    served = ServedModel(ServerConfig(model=folder))
+    assert served.llm().engine is llm.engine
+    assert (llm.engine.limits.max_num_seqs, llm.engine.limits.max_waiting) == (4, 2)
+    assert served.capacity == 6                                           # the server's slots are the engine's
+    other = ServedModel(ServerConfig(model=folder, limits={"max_num_seqs": 3}))
+    other.llm()
+    assert (llm.engine.limits.max_num_seqs, llm.engine.limits.max_waiting) == (3, 2)
+    serve = build_parser().parse_args(["serve"])
+    assert all(getattr(serve, f) is None for f in vars(EngineLimits()))  # flags left out keep the engine's
+    with pytest.raises(DLMError, match="Did you mean 'max_num_seqs'"):
+        ServerConfig(limits={"max_num_seq": 3})
+    with pytest.raises(DLMError, match="max_waiting must be an integer >= 1"):
+        ServerConfig(limits={"max_waiting": 0})
+    for handle in (served, other):
+        handle.close()
+    llm.close()

@@ -9,6 +9,7 @@ BUILTIN_MODELS = {
     "LLaDA2MoeModelLM": "dlm_backend.engine.models.llada2:LLaDA2MoeModelLM",
     "SDARForCausalLM": "dlm_backend.engine.models.sdar:SDARForCausalLM",
     "SDARMoeForCausalLM": "dlm_backend.engine.models.sdar:SDARMoeForCausalLM",
+    "Fast_dLLM_QwenForCausalLM": "dlm_backend.engine.models.fastdllm2:Fast_dLLM_QwenForCausalLM",
 }
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from abc import ABCMeta, abstractmethod
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -53,6 +54,9 @@ class DiffusionLM(nn.Module, metaclass=ABCMeta):
     """
 
     logits_shift: int = 0
+    #: the family's reference decoding set-up (knob table names), under a checkpoint's own
+    #: ``dlm_sampling``: what a request gets when it names nothing
+    sampling_defaults: ClassVar[dict] = {}
 
     def __init__(self, args: ModelArgs):
         super().__init__()

@@ -27,7 +27,7 @@ class DreamAttention(nn.Module):
 
     def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """Rotated q [T, H, hd], k and v [T, Hkv, hd]: every product and elementwise op before the
-        attention itself, in one piece that training can compile (training/compiled.py)."""
+        attention itself, in one piece (a unit ``torch.compile`` can take whole)."""
         T = x.shape[0]
         q = self.q_proj(x).view(T, -1, self.head_dim)          # [T, H, hd]
         k = self.k_proj(x).view(T, -1, self.head_dim)          # [T, Hkv, hd]

@@ -138,6 +138,9 @@ class SDARForCausalLM(DiffusionLM):
     """SDAR / TraDo dense checkpoints (Qwen3 layers), block-causal with config.json's block_size."""
 
     logits_shift = 0
+    # SDAR's dynamic low-confidence rule at 0.9 (its README, JetEngine and LMDeploy examples).
+    sampling_defaults = {"sampler": "sdar", "remasking": "low_confidence_dynamic", "threshold": 0.9,
+                         "cache": "prefix"}
 
     def __init__(self, args: ModelArgs, attention_bias: bool = False, moe: SDARMoeArgs | None = None):
         super().__init__(args)

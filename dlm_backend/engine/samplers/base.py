@@ -35,8 +35,9 @@ class StepInput:
     params: SamplingParams
     generator: torch.Generator
     tokens: TokenInfo
-    #: editing samplers (``edits``) also get the block's committed slots: their current tokens, and
-    #: whether each candidate is still masked
+    #: block families: each candidate's current token and whether it is still masked (every
+    #: candidate is masked unless the sampler asks for committed slots too: ``edits``,
+    #: ``whole_sub_block``)
     current: list[int] = field(default_factory=list)
     masked: list[bool] = field(default_factory=list)
     random: object = None         # the request's draws (samplers/random.py); None: use ``generator``
@@ -88,38 +89,35 @@ class Sampler(ABC):
 
     # -- block-diffusion families (engine/blocks.py) ---------------------------------------------
 
-    #: the sampler rewrites committed slots of the current block (LLaDA2.1 token editing)
+    #: the sampler rewrites committed slots of the current block (LLaDA2.1 token editing): it is
+    #: handed every slot of the block past the prompt, with ``StepInput.current`` and ``.masked``
     edits: ClassVar[bool] = False
+    #: the sampler is handed every slot of the current sub-block, committed ones flagged in
+    #: ``StepInput.masked`` (Fast-dLLM v2 draws a token for each, so a seeded run draws what the
+    #: reference draws); only masked slots may be committed
+    whole_sub_block: ClassVar[bool] = False
     #: a block's first slot is the argmax of the pass that cached the previous block (Fast-dLLM v2)
     ar_first_token: ClassVar[bool] = False
-
-    def layout(self, prompt_len: int, max_tokens: int, block: int) -> tuple[int, int]:
-        """(canvas end, output end) of a block-diffusion request: blocks aligned to position 0 up to
-        the one holding ``prompt_len + max_tokens``, the output cut there."""
-        end = prompt_len + max_tokens
-        return -(-end // block) * block, end
 
     def sub_block(self, params: SamplingParams) -> int | None:
         """Slots of a block decided left to right, one sub-block at a time (None: the whole block)."""
         return None
 
-    def block_done(self, block_state, masks_before: int, masks_left: int, edits: int,
+    def block_done(self, block_state, passes: int, masks_before: int, masks_left: int, edits: int,
                    params: SamplingParams) -> bool:
-        """Whether the current block is finished after a pass (default: no masked slot left)."""
+        """Whether the current block is finished after its ``passes``-th pass (default: no masked
+        slot left)."""
         return masks_left == 0
 
-    def early_stop(self, params: SamplingParams) -> bool:
-        """End a block-diffusion request as soon as a stop token is final (else at a block's end)."""
-        return params.eos_early_stop
-
     def stops_at_block_end(self, params: SamplingParams) -> bool:
-        """Without early stop: end the request after the block in which a stop token appears (LLaDA2.0,
-        SDAR) rather than generating every block and cutting the output (LLaDA2.1)."""
+        """Without ``eos_early_stop``: end the request after the block in which a stop token appears
+        (LLaDA2.0, SDAR) rather than generating every block and cutting the output (LLaDA2.1)."""
         return True
 
-    def step_from_stats(self, stats, params: SamplingParams) -> Commit:
+    def step_from_stats(self, stats, inp: StepInput) -> Commit:
         """Like :meth:`step` for a greedy pass, from ``UnmaskStats`` of the masked slots (token and
-        fp32 confidence per slot) instead of logits. Only called when ``uses_unmask_stats``."""
+        fp32 confidence per slot) instead of ``inp.logits`` (None here). Only called when
+        ``uses_unmask_stats``."""
         raise TypeError(f"{type(self).__name__} declares uses_unmask_stats but has no step_from_stats")
 
 

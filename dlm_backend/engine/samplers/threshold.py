@@ -29,7 +29,7 @@ class ThresholdSampler(Sampler):
         chosen = threshold_select(confidence, inp.params.threshold)
         return Commit(chosen, x0[chosen].tolist())
 
-    def step_from_stats(self, stats, params) -> Commit:
+    def step_from_stats(self, stats, inp: StepInput) -> Commit:
         # Same rule on the fused kernel's fp32 confidence (the logits path uses float64 softmax).
-        chosen = threshold_select(stats.prob, params.threshold)
+        chosen = threshold_select(stats.prob, inp.params.threshold)
         return Commit(chosen, stats.token[chosen].tolist())

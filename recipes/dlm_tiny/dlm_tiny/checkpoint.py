@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from dlm_backend.engine.params import CHECKPOINT_DEFAULTS_KEY, checkpoint_defaults
 from dlm_tiny.template import CHAT_TEMPLATE, EOS, MASK, SPECIAL_TOKENS, TOOL_TOKENS
 
 if TYPE_CHECKING:
@@ -61,12 +62,14 @@ SAMPLING_DEFAULTS = {"sampler": "threshold", "threshold": 0.95, "block_length": 
 
 
 def write_checkpoint_files(folder: Path, config: dict, tok: Tokenizer) -> None:
-    """Everything but the weights, laid out exactly as a hub checkpoint."""
+    """Everything but the weights, laid out exactly as a hub checkpoint. The decoding defaults go
+    through the engine's own reader first, so a checkpoint the engine would refuse is never written."""
+    generation = {"eos_token_id": config["eos_token_id"], "pad_token_id": config["pad_token_id"],
+                  "mask_token_id": config["mask_token_id"], CHECKPOINT_DEFAULTS_KEY: SAMPLING_DEFAULTS}
+    checkpoint_defaults(generation, "dlm_tiny.checkpoint.SAMPLING_DEFAULTS")
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(config, indent=2))
-    (folder / "generation_config.json").write_text(json.dumps(
-        {"eos_token_id": config["eos_token_id"], "pad_token_id": config["pad_token_id"],
-         "mask_token_id": config["mask_token_id"], "dlm_sampling": SAMPLING_DEFAULTS}, indent=2))
+    (folder / "generation_config.json").write_text(json.dumps(generation, indent=2))
     tok.save(str(folder / "tokenizer.json"))
     (folder / "tokenizer_config.json").write_text(json.dumps(
         {"eos_token": EOS, "pad_token": EOS, "mask_token": MASK, "model_max_length": 2048,

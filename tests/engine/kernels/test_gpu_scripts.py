@@ -13,6 +13,7 @@ ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import gpu_e2e  # noqa: E402
+import gpu_moe  # noqa: E402
 
 TINY = gpu_e2e.llada_config(64, 2, 4, 160, 320, 1024)
 
@@ -44,6 +45,27 @@ def test_end_to_end_driver_tiny_cpu(monkeypatch):
     r = gpu_e2e.measure(model, "cpu", torch.float32, batch=2, prompt_len=6, new_tokens=8, block=4, hbm_tbps=4.8)
     assert r["tokens"] == 16 and 2 <= r["passes"] <= 8 and r["tokens_per_s"] > 0
     assert r["block_step_ms"] > 0 and r["refresh_ms"] > 0 and r["graphs"] is False
+
+
+def test_moe_script_builds_the_llada2_mini_shape():
+    from dlm_backend.engine.models.registry import resolve_model_class
+
+    config = gpu_moe.mini_config()
+    with torch.device("meta"):
+        model = resolve_model_class(config).from_config(config)
+    n = sum(p.numel() for p in model.parameters())
+    assert 16.0e9 < n < 16.5e9                        # LLaDA2.0-mini: 16B, 32.5 GB in bf16
+    assert model.moe.num_experts == 256 and model.moe.top_k == 8 and model.args.rotary_dim == 64
+
+
+def test_moe_driver_tiny_cpu(monkeypatch):
+    monkeypatch.setenv("DLM_KERNELS", "torch")
+    model = gpu_moe.random_model(gpu_moe.tiny_config())
+    r = gpu_moe.measure(model, "cpu", batch=2, prompt_len=12, new_tokens=16, block=8, hbm_tbps=4.8)
+    assert r["tokens_per_s"] > 0 and r["step_ms"] > 0 and r["graphs"] is False
+    assert 1 <= r["experts_per_pass"] <= 2 * 16          # two MoE layers of 16 experts
+    always, per_expert = gpu_moe.weight_bytes(model)
+    assert per_expert == 3 * 32 * 64 * 4 and always > 0   # gate, up, down of width 32 on hidden 64, fp32
 
 
 def test_scripts_refuse_cpu_clearly(tmp_path):

@@ -1,0 +1,116 @@
+"""``dlm parity``: run a fixture folder's recorded reference calls through the engine and compare.
+
+A fixture folder is a checkpoint (config.json, model.safetensors, generation_config.json) with
+``cases.json`` (reference sampler calls: arguments, outputs, forward counts) and
+``expected_logits.safetensors`` (forward tensors). Both the full-sequence layout
+(``fixtures/parity``) and the block layout (``fixtures/parity-block``) are read; a new family's
+fixtures made the same way can be checked the same way. Every case is greedy or seeded; those the
+reference drew at random pass with the same seed, or with ``replay`` the draws the reference
+recorded are handed to the engine instead (samplers/random.py).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from safetensors.torch import load_file
+
+from dlm_backend.engine.config import EngineConfig
+from dlm_backend.engine.engine import LLMEngine
+from dlm_backend.errors import CheckpointError, DLMError
+from dlm_backend.parity.cases import SAMPLERS, Run
+from dlm_backend.parity.forward import fixture_checks
+
+
+@dataclass
+class Result:
+    """One case: ``ok`` when every comparison held; ``errors`` say which did not."""
+
+    fixture: str
+    name: str
+    errors: list[str] = field(default_factory=list)
+    note: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+    def line(self) -> str:
+        status = "ok  " if self.ok else "FAIL"
+        detail = "; ".join(self.errors) if self.errors else self.note
+        return f"{status} {self.fixture}: {self.name}" + (f" ({detail})" if detail else "")
+
+
+def _engine(folder: Path, cases: dict, device: str | None) -> LLMEngine:
+    config = json.loads((folder / "config.json").read_text())
+    overrides = {}
+    if "mask_token_id" not in config and "mask_token_id" in cases:       # LLaDA2's lives in its tokenizer
+        overrides["mask_token_id"] = cases["mask_token_id"]
+    # Cases rerun the same prompts; shared prefixes would only save passes the reference counts.
+    return LLMEngine(EngineConfig(str(folder), device=device or "cpu", dtype="float32",
+                                  config_overrides=overrides, prefix_caching=False))
+
+
+def _generate(engine: LLMEngine, run: Run, replay: bool) -> list:
+    recorded = run.recorded or [None] * len(run.prompts)
+    ids = [engine.add_request(p, params, draws=draws if replay else None).request_id
+           for p, params, draws in zip(run.prompts, run.params, recorded)]
+    outputs: dict = {}
+    while engine.has_unfinished:
+        for chunk in engine.step():
+            if chunk.finished:
+                if chunk.error:
+                    raise DLMError(chunk.error)
+                outputs[chunk.request_id] = chunk.output
+    return [outputs[i] for i in ids]
+
+
+def _case_name(i: int, case: dict) -> str:
+    return f"#{i} {case.get('name') or case['sampler']}" + (f" [{case['purpose']}]" if "purpose" in case else "")
+
+
+def check_fixture(folder: str | Path, replay: bool = False, device: str | None = None) -> list[Result]:
+    """Every case and forward tensor of one fixture folder, as :class:`Result` s."""
+    folder = Path(folder)
+    if not (folder / "cases.json").is_file():
+        raise CheckpointError(f"{folder}: no cases.json; a parity fixture is a checkpoint folder with cases.json "
+                              "and expected_logits.safetensors (see the fixture READMEs).")
+    cases = json.loads((folder / "cases.json").read_text())
+    engine = _engine(folder, cases, device)
+    results = []
+    try:
+        for i, case in enumerate(cases["cases"]):
+            mapping = SAMPLERS.get(case.get("sampler"))
+            if mapping is None:
+                results.append(Result(folder.name, _case_name(i, case),
+                                      [f"no engine mapping for reference sampler {case.get('sampler')!r}"]))
+                continue
+            run = mapping(case, cases)
+            try:
+                errors = run.check(_generate(engine, run, replay))
+            except DLMError as exc:
+                errors = [f"the engine refused or failed: {exc}"]
+            replayed = replay and any(run.recorded)
+            results.append(Result(folder.name, _case_name(i, case), errors,
+                                  "; ".join(filter(None, [run.note, "replayed draws" if replayed else ""]))))
+        logits = folder / "expected_logits.safetensors"
+        if logits.is_file():
+            for check in fixture_checks(engine.runner.model, cases, load_file(str(logits)), engine.device):
+                results.append(Result(folder.name, f"forward: {check.name}", check.errors))
+    finally:
+        engine.close()                                 # the weights and KV pool go back to the allocator
+    return results
+
+
+def main(folders: list[str], replay: bool = False, device: str | None = None, echo=print) -> int:
+    """Check every folder, one line per case and a closing count; the exit code is 1 on any mismatch."""
+    results = []
+    for folder in folders:
+        for result in check_fixture(folder, replay, device):
+            echo(result.line())
+            results.append(result)
+    exact = sum(r.ok for r in results)
+    echo(f"{exact}/{len(results)} cases exact")
+    return 0 if results and exact == len(results) else 1

@@ -1,0 +1,131 @@
+"""Forward checks: the engine's logits (and router choices) against a fixture's recorded tensors.
+
+Each check runs the loaded model the way the engine runs it: whole sequences packed with the
+family's attention (bidirectional, or block-causal with blocks aligned to position 0), or passes
+over a KV pool exactly as a cached request's passes go (the prompt's pages, then a block reading
+them, then a sub-block reading the block's own stale keys). Tensors are compared at
+``atol = rtol = 1e-4`` in float32, the fixtures' stated tolerance.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from dlm_backend.engine.kv import KVPool
+from dlm_backend.engine.layers import ForwardContext, PackedAttention, Segment, forward_context
+from dlm_backend.engine.layers.paged_attention import PagedBatch
+
+TOL = 1e-4
+
+
+@dataclass
+class Check:
+    name: str
+    errors: list[str]
+
+
+def compare(name: str, got: torch.Tensor, want: torch.Tensor) -> Check:
+    got, want = got.float().cpu(), want.float().cpu()
+    if got.shape != want.shape:
+        return Check(name, [f"shape {tuple(got.shape)}, reference {tuple(want.shape)}"])
+    diff = (got - want).abs()
+    bad = diff > TOL + TOL * want.abs()
+    return Check(name, [f"max |diff| {diff.max():.2e} over the tolerance at {int(bad.sum())} values"] if bad.any()
+                 else [])
+
+
+@torch.inference_mode()
+def packed_logits(model, rows: torch.Tensor, block: int | None) -> torch.Tensor:
+    """Logits ``[B, T, V]`` of each row of ``rows [B, T]`` at positions 0.., packed in one forward."""
+    B, T = rows.shape
+    segments = [Segment(slice(i * T, (i + 1) * T), 0, None, block) for i in range(B)]
+    with forward_context(ForwardContext(PackedAttention(segments))):
+        hidden = model(rows.reshape(-1), torch.arange(T, device=rows.device).repeat(B))
+        return model.compute_logits(hidden).view(B, T, -1)
+
+
+class PagedRun:
+    """One sequence's passes over a KV pool of its own, as the runner makes them."""
+
+    def __init__(self, model, length: int, block: int, page_size: int = 16):
+        a, p = model.args, next(model.parameters())
+        self.model, self.block = model, block
+        pages = -(-length // page_size)
+        self.pool = KVPool(a.num_layers, a.num_kv_heads, a.head_dim, page_size, pages, p.dtype, p.device)
+        self.pages = list(range(pages))
+
+    @torch.inference_mode()
+    def forward(self, ids: torch.Tensor, start: int, kv_end: int) -> torch.Tensor:
+        """Feed ``ids`` at positions ``start..`` (their keys and values go into the pool), attending
+        to the pool's positions ``0..kv_end`` block-causally; logits ``[n, V]``."""
+        n = ids.shape[0]
+        backend = PagedBatch(self.pool, PackedAttention([]), [0, n], [start], [kv_end], [self.pages], [self.block],
+                             ids.device)
+        with forward_context(ForwardContext(backend)):
+            hidden = self.model(ids, torch.arange(start, start + n, device=ids.device))
+            return self.model.compute_logits(hidden)
+
+
+def router_checks(model, ids: torch.Tensor, block: int, expected: dict) -> list[Check]:
+    """The routers' expert choices and weights against ``router.<layer>.*`` (LLaDA2's gate returns
+    its whole decision, so a forward hook sees it)."""
+    layers = sorted({int(k.split(".")[1]) for k in expected if k.startswith("router.")})
+    seen: dict[int, tuple] = {}
+    hooks = [model.model.layers[i].mlp.gate.register_forward_hook(
+        lambda mod, inp, out, i=i: seen.__setitem__(i, out)) for i in layers]
+    try:
+        packed_logits(model, ids[None], block)
+    finally:
+        for h in hooks:
+            h.remove()
+    checks = []
+    for i in layers:
+        idx, weight, logits = seen[i]
+        want_idx = expected[f"router.{i}.topk_idx"]
+        errors = [] if torch.equal(idx.cpu(), want_idx) else ["another expert choice"]
+        errors += compare("", weight, expected[f"router.{i}.topk_weight"]).errors
+        errors += compare("", logits, expected[f"router.{i}.logits"]).errors
+        checks.append(Check(f"router of layer {i}", errors))
+    return checks
+
+
+def fixture_checks(model, cases: dict, expected: dict, device) -> list[Check]:
+    """Every forward tensor a fixture records, by its layout (see the fixture READMEs)."""
+    t = {k: v.to(device) for k, v in expected.items()}
+    if "forward_cases" in cases:                      # Fast-dLLM v2
+        return _fastdllm_checks(model, cases, t)
+    if "forward" not in cases:                         # the full-sequence fixtures: one bidirectional forward
+        return [compare("logits", packed_logits(model, t["input_ids"], None), t["logits"])]
+    block = cases["forward"]["block_length"]
+    checks = [compare("logits", packed_logits(model, t["input_ids"], block), t["logits"]),
+              compare("batch of two", packed_logits(model, t["batch_input_ids"], block), t["batch_logits"])]
+    if "cached_block_logits" in t:                     # SDAR's denoise pass: the last block over cached keys
+        ids, T = t["input_ids"][0], t["input_ids"].shape[1]
+        run = PagedRun(model, T, block)
+        run.forward(ids[:T - block], 0, T - block)
+        checks.append(compare("last block over the cache", run.forward(ids[T - block:], T - block, T)[None],
+                              t["cached_block_logits"]))
+    return checks + router_checks(model, t["input_ids"][0], block, t)
+
+
+def _fastdllm_checks(model, cases: dict, t: dict) -> list[Check]:
+    bd, ids = cases["bd_size"], t["blockcausal.input_ids"]
+    checks = [compare("block-causal logits", packed_logits(model, ids, bd), t["blockcausal.logits"]),
+              compare("block-causal logits, blocks of 32", packed_logits(model, ids, 32),
+                      t["blockcausal_default_bs32.logits"])]
+    seq = ids[0]
+    run = PagedRun(model, len(seq), bd)
+    checks.append(compare("prefill", run.forward(seq[:2 * bd], 0, 2 * bd)[None], t["cached.prefill_logits"]))
+    checks.append(compare("block over the cache", run.forward(seq[2 * bd:3 * bd], 2 * bd, 3 * bd)[None],
+                          t["cached.block_logits"]))
+    # The block cache: a full-block pass wrote the block's keys; a sub-block of changed tokens then
+    # replaces its own rows and reads the rest as they were.
+    checks.append(compare("full block (block cache)", run.forward(seq[2 * bd:3 * bd], 2 * bd, 3 * bd)[None],
+                          t["blockcache.full_block_logits"]))
+    sub = t["blockcache.subblock_input_ids"][0]
+    start = 3 * bd - len(sub)
+    checks.append(compare("sub-block over the block cache", run.forward(sub, start, 3 * bd)[None],
+                          t["blockcache.subblock_logits"]))
+    return checks

@@ -1,0 +1,97 @@
+"""The paged KV pool: pages owned and returned, prompt pages shared by hash (exactly), admission by
+free pages, and a budget no single request can exceed refused up front."""
+
+import pytest
+from helpers import FIXTURES
+
+from dlm_backend import LLM, SamplingParams
+from dlm_backend.engine.kv import KVPool, PageAllocator, page_hashes
+from dlm_backend.errors import ContextLengthError
+
+SDAR = FIXTURES / "parity-block" / "sdar-tiny"
+FASTDLLM = FIXTURES / "parity-block" / "fastdllm2-tiny"
+LLADA = FIXTURES / "parity" / "llada-tiny"
+
+
+def test_pages_are_held_shared_by_hash_and_evicted_least_recently_released_first():
+    alloc = PageAllocator(num_pages=6, page_size=4)
+    h = page_hashes(list(range(12)), 4, 3)
+    a, shared = alloc.reserve(4, h)                       # nothing cached yet
+    assert shared == 0 and len(set(a)) == 4 and alloc.num_free == 2
+    for page, key in zip(a, h):
+        alloc.publish(page, key)
+    b, shared = alloc.reserve(4, h[:2])                   # the first two prompt pages are a's
+    assert shared == 2 and b[:2] == a[:2] and alloc.num_free == 0
+    assert alloc.reserve(1, []) is None                   # nothing free: the request waits
+    alloc.release(a)
+    assert alloc.num_free == 2                            # a's own pages; the shared ones b still holds
+    alloc.release(b)
+    assert alloc.num_free == 6 and alloc.hits == 2 and alloc.lookups == 5
+    c, shared = alloc.reserve(6, [])                      # needs every page: cached prefixes are evicted
+    assert shared == 0 and sorted(c) == list(range(6))
+    assert alloc.reserve(1, h[:1]) is None                # and forgotten
+
+
+def test_a_chained_hash_names_the_whole_prefix_not_the_page_alone():
+    x = page_hashes([1, 2, 3, 4, 5, 6, 7, 8], 4, 2)
+    y = page_hashes([9, 9, 9, 9, 5, 6, 7, 8], 4, 2)
+    assert x[1] != y[1] and page_hashes([1, 2, 3, 4], 4, 1, seed=8) != x[:1]
+
+
+def test_the_pool_is_sized_by_its_memory_budget():
+    llm = LLM(str(SDAR), dtype="float32", kv_cache_memory=1 << 20)
+    a, pool = llm.engine.model_args, llm.engine.runner.pool
+    page = KVPool.page_bytes(a.num_layers, a.num_kv_heads, a.head_dim, pool.page_size, pool.k.dtype)
+    assert pool.num_pages == (1 << 20) // page and pool.nbytes <= (1 << 20) + 2 * page
+
+
+def _run(llm, prompts, params):
+    return [(o.token_ids, o.num_forward_passes) for o in llm.generate(prompt_token_ids=prompts, sampling_params=params)]
+
+
+@pytest.mark.parametrize("folder", [SDAR, FASTDLLM], ids=["sdar", "fastdllm2"])
+def test_shared_prompt_pages_change_no_token_and_save_the_prefill(folder):
+    system = list(range(3, 3 + 48))                      # three pages of a shared "system prompt"
+    prompts = [system + [100 + i, 101 + i, 102] for i in range(4)] + [system]
+    params = SamplingParams(max_tokens=12, cache="prefix", ignore_eos=True)
+    mask = {"mask_token_id": 500} if folder == FASTDLLM else {}          # Fast-dLLM's is in its tokenizer
+    cold = LLM(str(folder), dtype="float32", prefix_caching=False, config_overrides=mask)
+    want = [cold.generate(prompt_token_ids=[p], sampling_params=params.replace(sampler=cold.sampling_params().sampler))[0]
+            for p in prompts]
+    warm = LLM(str(folder), dtype="float32", config_overrides=mask)
+    p = params.replace(sampler=warm.sampling_params().sampler)
+    first = warm.generate(prompt_token_ids=[prompts[0]], sampling_params=p)[0]
+    rest = warm.generate(prompt_token_ids=prompts[1:], sampling_params=p)
+    assert [o.token_ids for o in [first, *rest]] == [o.token_ids for o in want]
+    assert [o.num_forward_passes for o in [first, *rest]] == [o.num_forward_passes for o in want]
+    kv = warm.engine.allocator
+    assert kv.hits >= 2 * len(rest) and 0 < kv.hit_rate <= 1
+
+
+def test_admission_waits_for_free_pages_and_outputs_do_not_change():
+    # 1 MiB holds 85 pages of sdar-tiny (12 KiB each); a canvas of 12 blocks of 64 takes 48: one at a time.
+    llm = LLM(str(SDAR), dtype="float32", kv_cache_memory=1 << 20, config_overrides={"max_position_embeddings": 4096})
+    engine = llm.engine
+    assert engine.allocator.num_pages == 85
+    params = SamplingParams(sampler="sdar", max_tokens=700, block_length=64, steps=1, ignore_eos=True)   # 12 blocks
+    prompts = [[5, 6, 7, 8, 9, 10, 11, i] for i in range(3)]
+    solo = [llm.generate(prompt_token_ids=[p], sampling_params=params)[0].token_ids for p in prompts]
+    ids = [engine.add_request(p, params).request_id for p in prompts]
+    engine.step()
+    assert (engine.num_running, engine.num_waiting) == (1, 2)          # admitted by pages, not by count
+    assert engine.allocator.num_used == 48
+    done = {}
+    while engine.has_unfinished:
+        assert engine.num_running <= 1
+        done.update({c.request_id: c.output.token_ids for c in engine.step() if c.finished})
+    assert [done[i] for i in ids] == solo and engine.allocator.num_used == 0
+
+
+def test_a_request_larger_than_the_whole_cache_is_refused_up_front():
+    llm = LLM(str(LLADA), dtype="float32", kv_cache_memory=1 << 20,       # 64 pages of 16 positions
+              config_overrides={"max_sequence_length": 4096})
+    pages = llm.engine.allocator.num_pages
+    too_long = pages * llm.engine.allocator.page_size + 1
+    with pytest.raises(ContextLengthError, match="KV pages.*kv_cache_memory"):
+        llm.generate(prompt_token_ids=[[5] * 8], sampling_params=SamplingParams(
+            max_tokens=min(too_long, llm.engine.max_model_len - 8), cache="prefix"))
