@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from typing import Generator
 
 from dlm_backend.chat.messages import ChatRequest, ChatResult, normalize_messages
-from dlm_backend.chat.prompt import encode_chat
-from dlm_backend.chat.schema import validates
+from dlm_backend.chat.prompt import encode_chat, prompt_limit
+from dlm_backend.chat.schema import Budget, validates
 from dlm_backend.chat.structured import JsonPlan, nearest, plan_json, plan_tool_call
 from dlm_backend.chat.tool_calls import (CLOSE, NAME_HEAD, NAME_SLOTS, OPEN, fallback_messages, normalize_tools,
                                          parse_tool_calls, tool_choice_name)
@@ -84,23 +84,27 @@ class Pass:
 
 
 class Plan:
-    """How one ChatRequest is answered (DLMError at construction for anything that cannot be)."""
+    """How one ChatRequest is answered (DLMError at construction for anything that cannot be).
+    ``max_prompt_tokens`` is a server's own prompt limit; a prompt over it, or over the context
+    less ``max_tokens``, is refused by its length before it is tokenized (chat/prompt.py)."""
 
-    def __init__(self, llm, request: ChatRequest):
+    def __init__(self, llm, request: ChatRequest, max_prompt_tokens: int | None = None):
         if request.params is None:
             request = dataclasses.replace(request, params=llm.sampling_params())
         self.llm, self.request, self.tokenizer = llm, request, llm.tokenizer
-        self.tools = normalize_tools(request.tools)
+        budget = Budget()                # the request's schemas together: its tools and response_format
+        self.tools = normalize_tools(request.tools, budget)
         forced = tool_choice_name(request.tool_choice, self.tools)
         if forced == "none":
             self.tools, forced = None, None
         messages = normalize_messages(request.messages)
         has_tool_turns = any(m["role"] == "tool" or m.get("tool_calls") for m in messages)
+        limit = prompt_limit(llm, self.params.max_tokens, max_prompt_tokens)
         if (self.tools or has_tool_turns) and not self.tokenizer.renders_tools:  # e.g. LLaDA: tools as text
-            self.prompt_ids = encode_chat(self.tokenizer, fallback_messages(messages, self.tools))
+            self.prompt_ids = encode_chat(self.tokenizer, fallback_messages(messages, self.tools), limit=limit)
         else:
-            self.prompt_ids = encode_chat(self.tokenizer, messages, tools=self.tools)
-        self.shape: Shape = self._shape(forced, request)
+            self.prompt_ids = encode_chat(self.tokenizer, messages, tools=self.tools, limit=limit)
+        self.shape: Shape = self._shape(forced, request, budget)
 
     @property
     def params(self) -> SamplingParams:
@@ -111,7 +115,7 @@ class Plan:
         """The response template of the answer's pass in the current shape."""
         return self.shape.template
 
-    def _shape(self, forced, request: ChatRequest) -> Shape:
+    def _shape(self, forced, request: ChatRequest, budget: Budget) -> Shape:
         if forced is True:
             for tool in self.tools:    # whichever the name pass picks must fit: fail now, not after a 200
                 self._call(tool["function"]["name"])
@@ -120,7 +124,7 @@ class Plan:
             return self._call(forced)
         fmt = request.response_format
         if fmt and fmt.get("type", "text") != "text":
-            plan = plan_json(self.tokenizer, fmt, self.params.max_tokens)
+            plan = plan_json(self.tokenizer, fmt, self.params.max_tokens, budget)
             return ToolsOrJson(plan) if self.tools else Json(plan)
         return Free()
 

@@ -18,7 +18,7 @@ import json
 import re
 from dataclasses import dataclass, field
 
-from dlm_backend.chat.schema import check_schema, validates
+from dlm_backend.chat.schema import Budget, check_schema, validates
 from dlm_backend.errors import DLMError
 
 STRING_SLOTS = 8
@@ -149,11 +149,12 @@ def schema_of(response_format: dict) -> dict | None:
     raise DLMError(f"response_format type {kind!r} is not supported; use 'json_object' or 'json_schema'.")
 
 
-def plan_json(tokenizer, response_format: dict, max_tokens: int) -> JsonPlan:
-    """Skeleton template for a templatable schema, else a ``{"`` prefix."""
+def plan_json(tokenizer, response_format: dict, max_tokens: int, budget: Budget | None = None) -> JsonPlan:
+    """Skeleton template for a templatable schema, else a ``{"`` prefix (``budget``: what is left of
+    the request's schema budget after its tools)."""
     schema = schema_of(response_format)
     if schema is not None:
-        check_schema(schema, "response_format")
+        check_schema(schema, "response_format", budget)
     if schema is None or not templatable(schema):
         return JsonPlan(tokenizer.encode('{"'), schema)
     template, slots = _skeleton(tokenizer, schema)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 
-from dlm_backend.chat.schema import check_schema
+from dlm_backend.chat.schema import Budget, check_schemas
 from dlm_backend.errors import DLMError
 
 # A call ends at its closing tag, or where the next call opens (one missing its tag must not take
@@ -72,8 +72,10 @@ def parse_tool_calls(text: str, repair: bool = True) -> tuple[str, list[dict], l
     return content, calls, bad
 
 
-def normalize_tools(tools: list[dict] | None) -> list[dict] | None:
-    """Tools in OpenAI function format, validated so a malformed schema fails with a clear message."""
+def normalize_tools(tools: list[dict] | None, budget: Budget | None = None) -> list[dict] | None:
+    """Tools in OpenAI function format, validated so a malformed schema fails with a clear message.
+    ``budget`` bounds the request's schemas together: 20 tools of 1,600 properties each were 18 s of
+    schema checks before it."""
     if not tools:
         return None
     out = []
@@ -85,9 +87,9 @@ def normalize_tools(tools: list[dict] | None) -> list[dict] | None:
         params = fn.get("parameters", {"type": "object", "properties": {}})
         if not isinstance(params, dict) or params.get("type", "object") != "object":
             raise DLMError(f"Tool {fn['name']!r}: 'parameters' must be a JSON schema of type object.", param="tools")
-        check_schema(params, f"tools[{len(out)}].function.parameters")
         out.append({"type": "function", "function": {"name": fn["name"], "description": fn.get("description", ""),
                                                       "parameters": params}})
+    check_schemas([(t["function"]["parameters"], f"tools[{i}].function.parameters") for i, t in enumerate(out)], budget)
     return out
 
 

@@ -49,7 +49,7 @@ def create_app(model: str | None = None, served_name: str | None = None, device:
     app.state.llm = served.llm
     app.state.served = served
     app.state.config = cfg
-    registry = make_registry(lambda: served.loaded.engine if served.loaded else None)
+    registry = make_registry(lambda: served.loaded.engine if served.loaded else None, slots=lambda: served.held)
     app.add_middleware(BodyLimitMiddleware, max_bytes=cfg.max_body_bytes)
     if cfg.api_key:
         app.add_middleware(APIKeyMiddleware, api_key=cfg.api_key)
@@ -94,19 +94,16 @@ def create_app(model: str | None = None, served_name: str | None = None, device:
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, http: Request):
         knobs = await knobs_of(body)
-        slot = served.reserve()                   # before anything is queued or a 200 goes out
-        try:
+        # The slot is taken before anything is queued or a 200 goes out, and given back on leaving
+        # this block unless a stream took it over (it gives it back when it closes).
+        with served.reserve() as slot:
             plan = await asyncio.to_thread(served.plan_chat, body, knobs)
             base = {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "created": int(time.time()),
                     "model": body.model or names[0]}
             if body.stream:
                 usage = bool((body.stream_options or {}).get("include_usage"))
-                return ClosingStreamingResponse(chat_events(served.llm(), plan, base, usage), on_close=slot.release,
-                                                media_type="text/event-stream")
+                return _streamed(chat_events(served.llm(), plan, base, usage), slot)
             result = await _unless_disconnected(http, chat.acomplete(served.llm(), plan.request, plan))
-        finally:
-            if not body.stream:
-                slot.release()
         if result is None:
             return Response(status_code=499)
         message = {"role": "assistant", "content": result.content if not result.tool_calls else (result.content or None)}
@@ -123,20 +120,15 @@ def create_app(model: str | None = None, served_name: str | None = None, device:
         prompts = [body.prompt] if one else body.prompt
         if len(prompts) != 1:
             raise DLMError("Send one prompt per request (batch by sending concurrent requests).", param="prompt")
-        slot = served.reserve()
-        try:
+        with served.reserve() as slot:
             ids, params = await asyncio.to_thread(served.prompt_ids, prompts[0], knobs)
             base = {"id": f"cmpl-{uuid.uuid4().hex[:24]}", "created": int(time.time()),
                     "model": body.model or names[0]}
             if body.stream:
                 usage = bool((body.stream_options or {}).get("include_usage"))
-                return ClosingStreamingResponse(completion_events(served.llm(), ids, params, base, usage),
-                                                on_close=slot.release, media_type="text/event-stream")
+                return _streamed(completion_events(served.llm(), ids, params, base, usage), slot)
             outs = await _unless_disconnected(http, served.llm().agenerate(prompt_token_ids=[ids],
                                                                            sampling_params=params))
-        finally:
-            if not body.stream:
-                slot.release()
         if outs is None:
             return Response(status_code=499)
         out = outs[0]
@@ -144,6 +136,14 @@ def create_app(model: str | None = None, served_name: str | None = None, device:
                 "choices": [{"index": 0, "text": out.text, "finish_reason": out.finish_reason, "logprobs": None}]}
 
     return app
+
+
+def _streamed(events, slot) -> ClosingStreamingResponse:
+    """The response for a stream that owns ``slot`` from here on (built first: a slot handed to a
+    response that was never made would never come back)."""
+    response = ClosingStreamingResponse(events, media_type="text/event-stream")
+    response.on_close = slot.hand_over()
+    return response
 
 
 class _NotServed(Exception):

@@ -35,19 +35,23 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def launch(model: str, *extra: str, startup_timeout: float = 120.0):
-    """Run ``dlm serve MODEL`` on 127.0.0.1; yields its base URL and stops it afterwards."""
+def launch(model: str, *extra: str, startup_timeout: float = 120.0, log: str | None = None):
+    """Run ``dlm serve MODEL`` on 127.0.0.1; yields its base URL and stops it afterwards. Its output
+    goes to the file ``log`` when given (a test reads it for tracebacks; a pipe nobody reads would
+    stall the server once full)."""
     port = free_port()
     dlm = Path(sys.executable).with_name("dlm")
     cmd = [str(dlm)] if dlm.exists() else [sys.executable, "-m", "dlm_backend.cli"]
+    out = open(log, "wb") if log else subprocess.PIPE        # noqa: SIM115 - closed when the server stops
     proc = subprocess.Popen([*cmd, "serve", model, "--port", str(port), "--served-model-name", "m", *extra],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=os.environ.copy())
+                            stdout=out, stderr=subprocess.STDOUT, env=os.environ.copy())
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + startup_timeout
         while True:
             if proc.poll() is not None:
-                raise RuntimeError(f"dlm serve exited: {proc.stdout.read().decode(errors='replace')[-2000:]}")
+                said = Path(log).read_bytes() if log else proc.stdout.read()
+                raise RuntimeError(f"dlm serve exited: {said.decode(errors='replace')[-2000:]}")
             with contextlib.suppress(httpx.HTTPError):
                 if httpx.get(url + "/health", timeout=1).status_code == 200:
                     break
@@ -61,6 +65,8 @@ def launch(model: str, *extra: str, startup_timeout: float = 120.0):
             proc.wait(timeout=15)
         except subprocess.TimeoutExpired:
             proc.kill()
+        if log:
+            out.close()
 
 
 async def chat_once(client: httpx.AsyncClient, content: str, stream: bool, **knobs) -> Reply:

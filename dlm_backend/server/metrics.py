@@ -15,8 +15,9 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
 class EngineCollector:
-    def __init__(self, engine: Callable[[], object | None]):
+    def __init__(self, engine: Callable[[], object | None], slots: Callable[[], int] | None = None):
         self.engine = engine        # returns the LLMEngine, or None while it is not loaded
+        self.slots = slots          # the server's held request slots (a leak shows here first)
 
     def collect(self):
         engine = self.engine()
@@ -33,6 +34,9 @@ class EngineCollector:
             c.add_metric([], value)
             return c
 
+        if self.slots is not None:
+            yield gauge("dlm_server_slots_held", "Request slots the server holds (running, queued or streaming).",
+                        self.slots())
         yield gauge("dlm_queue_depth", "Requests waiting for a slot.", engine.num_waiting if engine else 0)
         yield gauge("dlm_running_requests", "Requests being denoised.", engine.num_running if engine else 0)
         yield gauge("dlm_forward_passes_per_second",
@@ -68,7 +72,7 @@ def metrics_text(registry: CollectorRegistry) -> bytes:
     return generate_latest(registry)
 
 
-def make_registry(engine: Callable[[], object | None]) -> CollectorRegistry:
+def make_registry(engine: Callable[[], object | None], slots: Callable[[], int] | None = None) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(EngineCollector(engine))
+    registry.register(EngineCollector(engine, slots))
     return registry

@@ -23,21 +23,35 @@ class ClosingStreamingResponse(StreamingResponse):
     When the client leaves, Starlette cancels the streaming task but leaves the generator suspended
     for the garbage collector to finalize, so its engine request could run on for nobody until then
     (the load test saw a dropped stream run to the end). Closing it here aborts the request at once;
-    ``on_close`` gives the request's server slot back even if the stream never started.
+    ``on_close`` gives the request's server slot back even if the stream never started: it runs when
+    the whole response call ends, since a streaming task cancelled before its first step (the client
+    gone at once) never enters ``stream_response`` and so never reaches a ``finally`` there.
     """
 
     def __init__(self, content, on_close=None, **kwargs):
         super().__init__(content, **kwargs)
         self.on_close = on_close
 
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            with anyio.CancelScope(shield=True):     # the task is being cancelled: still close
+                await self.body_iterator.aclose()
+            self._close_now()
+
     async def stream_response(self, send) -> None:
         try:
             await super().stream_response(send)
         finally:
-            with anyio.CancelScope(shield=True):     # the task is being cancelled: still close
-                await self.body_iterator.aclose()
-            if self.on_close is not None:
-                self.on_close()
+            with anyio.CancelScope(shield=True):
+                await self.body_iterator.aclose()     # the engine request aborts here, not at GC
+            self._close_now()
+
+    def _close_now(self) -> None:
+        on_close, self.on_close = self.on_close, None        # once, whichever path gets here first
+        if on_close is not None:
+            on_close()
 
 
 def sse(obj) -> str:

@@ -1,5 +1,5 @@
 """What reaches the server before a route does: Host header, exposure without a key, half-open
-connections, the connection cap, and a model that cannot load."""
+connections, bodies that never arrive, the connection cap, and a model that cannot load."""
 
 from __future__ import annotations
 
@@ -43,6 +43,7 @@ def test_serving_beyond_loopback_without_a_key_needs_a_flag(dream_chat, capsys):
 @pytest.fixture
 def guarded_server(dream_chat, monkeypatch):
     monkeypatch.setattr(GuardedH11Protocol, "header_timeout_s", 0.5)
+    monkeypatch.setattr(GuardedH11Protocol, "body_timeout_s", 0.5)
     monkeypatch.setattr(GuardedH11Protocol, "max_connections", 8)
     port = free_port()
     app = create_app(config=ServerConfig(model=str(dream_chat), served_name="m"))
@@ -58,9 +59,13 @@ def guarded_server(dream_chat, monkeypatch):
 
 
 def _closed(sock: socket.socket, within: float) -> bool:
-    sock.settimeout(within)
+    """Whether the server closes ``sock`` within ``within`` s (what it still sends is read past)."""
+    deadline = time.monotonic() + within
     try:
-        return sock.recv(1) == b""
+        while True:
+            sock.settimeout(max(deadline - time.monotonic(), 0.001))
+            if sock.recv(4096) == b"":
+                return True
     except TimeoutError:
         return False
     except ConnectionResetError:
@@ -74,12 +79,36 @@ def test_half_open_connections_are_closed_and_capped(guarded_server):
     silent = socket.create_connection(("127.0.0.1", port))                   # nothing at all
     assert _closed(slow, 3) and _closed(silent, 3)
     held = [socket.create_connection(("127.0.0.1", port)) for _ in range(8)]
+    time.sleep(0.05)
     extra = socket.create_connection(("127.0.0.1", port))
-    assert _closed(extra, 1)                                                 # past the cap: closed at once
+    assert _closed(held[0], 0.2) and not _closed(extra, 0.1)      # past the cap: the oldest stalled one goes
     for s in held + [slow, silent, extra]:
         s.close()
     time.sleep(0.2)
     assert httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200  # whole requests still served
+
+
+def test_bodies_that_never_arrive_are_closed_and_cannot_lock_clients_out(guarded_server):
+    """A POST whose body never came was held 40 s; 1,030 of them locked every client out."""
+    port = guarded_server
+    head = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 1000\r\n\r\n")
+    slow = []
+    for _ in range(20):                                      # 2.5 times the cap of 8
+        sock = socket.create_connection(("127.0.0.1", port))
+        sock.sendall(head + b'{"model": ')                  # the head and a little of the body
+        slow.append(sock)
+    t = time.perf_counter()
+    assert httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200    # not locked out
+    assert all(_closed(sock, 1.5) for sock in slow) and time.perf_counter() - t < 2.5   # body deadline 0.5 s
+    with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=2) as client:   # a keep-alive connection
+        assert client.get("/health").status_code == 200
+        idle = socket.create_connection(("127.0.0.1", port))
+        idle.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        assert idle.recv(1024).startswith(b"HTTP/1.1 200")
+        assert _closed(idle, 1.5)                          # idle after its response: closed, no pinning
+    for sock in slow + [idle]:
+        sock.close()
 
 
 def test_a_lazy_server_whose_model_is_missing_answers_503_without_its_path(tmp_path):

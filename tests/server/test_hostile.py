@@ -1,9 +1,13 @@
 """Hostile requests against a real ``dlm serve`` process, ``/health`` watched the whole time.
 
 Each known attack gets its own test (SSRF and file reads through ``$ref``, ReDoS, unbounded ``steps``,
-a 30,000-property schema, an unresolvable ``$ref``, a streaming burst past the queue, huge
-``cfg_scale``, infinite floats), then a battery of generated requests: every answer is a 2xx or an
-OpenAI-shaped 4xx, none carries a traceback, and ``/health`` answers within a second throughout.
+a 30,000-property schema, an unresolvable ``$ref``, references that resolve only from the root or
+cycle in place, a backtracking value pinned by ``enum``, 900 KB prompts, 20 tools of 1,600
+properties, a streaming burst past the queue, huge ``cfg_scale``, infinite floats), then a battery
+of generated requests, sent while bodies that never arrive hold connections open: every answer is
+a 2xx or an OpenAI-shaped 4xx, none carries a traceback (nor does the server's log), streamed
+requests refused before their stream leave no slot held, and ``/health`` answers within a second
+throughout.
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ import json
 import os
 import threading
 import time
+
+import socket
 
 import pytest
 
@@ -56,9 +62,15 @@ class Watch:
 
 
 @pytest.fixture(scope="module")
-def server(dream_chat):
-    with launch(str(dream_chat), "--max-num-seqs", "4", "--max-waiting", "4") as url:
-        yield url
+def served(dream_chat, tmp_path_factory):
+    log = tmp_path_factory.mktemp("hostile") / "serve.log"
+    with launch(str(dream_chat), "--max-num-seqs", "4", "--max-waiting", "4", log=str(log)) as url:
+        yield url, log
+
+
+@pytest.fixture(scope="module")
+def server(served):
+    return served[0]
 
 
 def chat(url, timeout=60, **body):
@@ -121,6 +133,78 @@ def test_a_redos_pattern_does_not_freeze_the_server(server):
     assert r.status_code == 200 and watch.worst < 1.0 and watch.failures == 0
 
 
+ID_SCOPED = {"allOf": [{"$id": "http://x/sub.json", "$ref": "#/$defs/z"}], "$defs": {"z": {"type": "string"}}}
+IN_PLACE_CYCLES = [{"allOf": [{"$ref": "#"}]}, {"$schema": "https://json-schema.org/draft/2019-09/schema",
+                                                 "$recursiveRef": "#"},
+                   {"$dynamicAnchor": "n", "anyOf": [{"$dynamicRef": "#n"}]}]
+
+
+@pytest.mark.parametrize("schema", [ID_SCOPED, *IN_PLACE_CYCLES])
+@pytest.mark.parametrize("stream", [False, True])
+def test_references_the_validator_cannot_follow_are_400s_before_generation(server, schema, stream):
+    """Resolving from the root but not from their $id, or cycling in place, these were admitted and
+    failed after generation: 500 (_WrappedReferencingError, RecursionError), or an error event."""
+    assert_openai_error(chat(server, stream=stream, response_format=schema_format(schema)), param="response_format")
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", **schema}}}
+    assert_openai_error(chat(server, stream=stream, tools=[tool]), param="tools[0].function.parameters")
+
+
+def test_a_backtracking_value_pinned_by_enum_is_bounded(server):
+    """enum pins the value the model writes, so each of 200 patterns backtracks on it: 41.9 s for one
+    request, and six at once made a normal chat wait 14.2 s."""
+    value = "a" * 30 + "!"
+    schema = {"type": "object", "properties": {"a": {"type": "string", "enum": [value],
+                                                     "anyOf": [{"pattern": "^(a|aa)+$"}] * 200}}}
+
+    async def six_then_one():
+        async with httpx.AsyncClient(base_url=server, timeout=120) as client:
+            body = {"model": "m", "messages": HI, "max_tokens": 32, "response_format": schema_format(schema)}
+            pinned = [asyncio.create_task(client.post(CHAT, json=body)) for _ in range(6)]
+            await asyncio.sleep(0.3)
+            t = time.perf_counter()
+            normal = await client.post(CHAT, json={"model": "m", "messages": HI, "max_tokens": 8})
+            return await asyncio.gather(*pinned), normal, time.perf_counter() - t
+    with Watch(server) as watch:
+        t = time.perf_counter()
+        pinned, normal, normal_took = asyncio.run(six_then_one())
+        took = time.perf_counter() - t
+    for r in pinned:
+        assert_openai_error(r)
+        assert "simplify the schema" in r.json()["error"]["message"]
+    assert normal.status_code == 200 and normal_took < 3 and took < 10 and watch.worst < 1.0
+
+
+def test_prompts_that_cannot_fit_are_refused_before_tokenizing(server):
+    """Four 900 KB messages at once were tokenized whole first: /health took 2.6 s to answer."""
+    async def four(path, body):
+        async with httpx.AsyncClient(base_url=server, timeout=120) as client:
+            return await asyncio.gather(*(client.post(path, json=body) for _ in range(4)))
+    big = "x " * 450_000
+    with Watch(server) as watch:
+        t = time.perf_counter()
+        replies = asyncio.run(four(CHAT, {"model": "m", "messages": [{"role": "user", "content": big}],
+                                         "max_tokens": 8}))
+        replies += asyncio.run(four("/v1/completions", {"model": "m", "prompt": big, "max_tokens": 8}))
+        took = time.perf_counter() - t
+    for r in replies:
+        assert_openai_error(r)
+        assert r.json()["error"]["code"] == "context_length_exceeded"
+    assert took < 5 and watch.worst < 1.0
+
+
+def test_many_large_tools_are_refused_before_their_schemas_are_checked(server):
+    """20 tools of 1,600 properties: 18 s of schema checks for each such request."""
+    props = {f"p{i}": {"type": "string"} for i in range(1600)}
+    tools = [{"type": "function", "function": {"name": f"t{j}", "parameters": {"type": "object", "properties": props}}}
+             for j in range(20)]
+    with Watch(server) as watch:
+        t = time.perf_counter()
+        r = chat(server, tools=tools)
+        took = time.perf_counter() - t
+    assert_openai_error(r, param="tools[1].function.parameters")
+    assert "too large" in r.json()["error"]["message"] and took < 5 and watch.worst < 1.0
+
+
 def test_a_huge_schema_is_refused_before_work(server):
     props = {f"p{i}": {"type": "string"} for i in range(30_000)}           # ~0.8 MB, under the body limit
     with Watch(server) as watch:
@@ -170,10 +254,16 @@ def test_a_streaming_burst_past_the_queue_gets_429s_not_200s(server):
     assert all('"error"' not in text and text.rstrip().endswith("data: [DONE]") for text in ok)
 
 
-def test_a_battery_of_hostile_requests(server):
-    """160 generated requests: each a 2xx or an OpenAI-shaped 4xx, never a traceback; /health < 1 s."""
+def test_a_battery_of_hostile_requests(served):
+    """190 generated requests: each a 2xx or an OpenAI-shaped 4xx, never a traceback; /health < 1 s;
+    no slot left held; meanwhile 40 connections whose bodies never arrive stay open."""
+    server, log = served
     bodies = _battery()
     assert len(bodies) >= 150
+    port = int(server.rsplit(":", 1)[1])
+    stalled = [socket.create_connection(("127.0.0.1", port)) for _ in range(40)]
+    for sock in stalled:
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 1000\r\n\r\n{")
     with Watch(server) as watch, httpx.Client(base_url=server, timeout=120) as client:
         statuses = []
         for body in bodies:
@@ -184,10 +274,16 @@ def test_a_battery_of_hostile_requests(server):
             if r.status_code >= 400:
                 assert set(r.json()["error"]) == {"message", "type", "param", "code"}, r.text
             statuses.append(r.status_code)
+        after = client.post(CHAT, json={"model": "m", "messages": HI, "max_tokens": 8})
+        metrics = client.get("/metrics").text
+    for sock in stalled:
+        sock.close()
     refused = sum(s >= 400 for s in statuses)
     print(f"hostile battery: {len(bodies)} tried, {refused} refused, {len(bodies) - refused} accepted, "
           f"worst /health {watch.worst * 1000:.0f} ms")
     assert refused >= 120 and watch.worst < 1.0 and watch.failures == 0
+    assert after.status_code == 200 and "dlm_server_slots_held 0.0" in metrics          # nothing leaked
+    assert b"Traceback" not in log.read_bytes()
 
 
 def _battery() -> list:
@@ -220,8 +316,22 @@ def _battery() -> list:
                {"type": "object", "minProperties": "two"}, {"type": 5}, [], "string", None,
                {"type": "object", "properties": {"a": {"$dynamicRef": "http://x/y"}}},
                _deep(50), {"properties": {f"p{i}": {} for i in range(6000)}},
-               {"type": "object", "properties": {f"k{i}": {"type": "integer"} for i in range(200)}}]
+               {"type": "object", "properties": {f"k{i}": {"type": "integer"} for i in range(200)}},
+               ID_SCOPED, *IN_PLACE_CYCLES, {"type": "string", "pattern": "a{4294967294}"},
+               {"type": "string", "pattern": "(x{65535}){65535}"}, {"enum": [{"type": "string"}], "$ref": "#/enum/0"},
+               {"$defs": {**{f"d{i}": {"allOf": [{"$ref": f"#/$defs/d{i + 1}"}] * 2} for i in range(30)},
+                          "d30": {}}, "$ref": "#/$defs/d0"},
+               {"type": "object", "properties": {"a": {"type": "string", "enum": ["a" * 30 + "!"],
+                                                       "anyOf": [{"pattern": "^(a|aa)+$"}] * 200}}}]
     bodies += [{**base, "response_format": schema_format(s)} for s in schemas]
+    # Streamed and refused before the stream: more of them than the server's 8 slots.
+    bodies += [{**base, "stream": True, "response_format": schema_format(s)}
+               for s in [{"$ref": "#/nope"}, ID_SCOPED, *IN_PLACE_CYCLES] * 3]
+    bodies += [{**base, "stream": True, "max_tokens": 10**6}, {**base, "stream": True, "messages": [
+        {"role": "user", "content": "x " * 450_000}]}]
+    props = {f"p{i}": {"type": "string"} for i in range(1600)}
+    bodies.append({**base, "tools": [{"type": "function", "function": {
+        "name": f"t{j}", "parameters": {"type": "object", "properties": props}}} for j in range(20)]})
     bodies += [{**base, "response_format": f} for f in ({"type": "xml"}, {"type": "json_schema"}, "json", 5,
                                                         {"type": "json_schema", "json_schema": {"schema": 5}})]
     tools = [[{"type": "function"}], [{"type": "function", "function": {"name": ""}}], "tool", [5],
@@ -241,7 +351,9 @@ def _battery() -> list:
     bodies += [{**base, "messages": [{"role": "user", "content": c}]} for c in ("\ud800 lone", "\u0000", "x" * 9000)]
     completion = {"model": "m", "max_tokens": 8}
     bodies += [("/v1/completions", {**completion, "prompt": p}) for p in (
-        "", [], [[]], [1, 2, -3], [10**9], ["a", "b"], [[1], [2]], 5, None, {"a": 1}, [1.5], "x" * 9000, ["hi"] * 2)]
+        "", [], [[]], [1, 2, -3], [10**9], ["a", "b"], [[1], [2]], 5, None, {"a": 1}, [1.5], "x" * 9000, ["hi"] * 2,
+        "x " * 450_000)]
+    bodies += [("/v1/completions", {**completion, "stream": True, "prompt": p}) for p in ("x " * 450_000, [10**9])]
     bodies += [("/v1/completions", {**completion, "prompt": "hi", **extra}) for extra in (
         {"echo": True}, {"best_of": 2}, {"suffix": "end"}, {"logprobs": 0}, {"n": 3}, {"max_tokens": 0})]
     return bodies
