@@ -99,10 +99,7 @@ class Tokenizer:
                                  "prompt, or add a chat template to the checkpoint.")
         name = "tool_use" if tools and "tool_use" in self.templates else "default"
         if name not in self._compiled:
-            try:
-                self._compiled[name] = self._env.from_string(self.templates[name])
-            except (jinja2.TemplateError, RecursionError, ValueError) as exc:
-                raise TokenizerError(f"The chat template does not compile: {str(exc)[:200]}. Fix the template.") from None
+            self._compiled[name] = self._env.compile_template(self.templates[name])
         # the caller's values win over the checkpoint's special tokens, as in transformers
         return self._env.render(self._compiled[name], messages=messages, tools=tools or None,
                                 add_generation_prompt=add_generation_prompt, **{**self.special_tokens, **kwargs})
