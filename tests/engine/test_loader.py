@@ -5,7 +5,7 @@ import shutil
 
 import pytest
 import torch
-from helpers import PARITY
+from helpers import FIXTURES, PARITY
 from safetensors.torch import load_file, save_file
 
 from dlm_backend import LLM, SamplingParams
@@ -204,6 +204,21 @@ def test_a_broken_tokenizer_config_is_an_error_not_a_missing_tokenizer(tmp_path)
     ckpt = make_chat_checkpoint(tmp_path / "chat", "dream")
     (ckpt / "tokenizer_config.json").write_text("{not json")
     with pytest.raises(TokenizerError, match="tokenizer files do not load"):
+        _engine(ckpt)
+
+
+@pytest.mark.parametrize("family,field,value,rule", [
+    ("dream-tiny", "rope_theta", 1e-300, r"rope_theta must be a number in \(1, 1e\+12\], got 1e-300"),
+    ("llada-tiny", "rope_theta", 0.5, r"rope_theta must be a number in \(1, 1e\+12\]"),
+    ("dream-tiny", "rms_norm_eps", 1e-300, r"rms_norm_eps must be a number in \[1e-12, 1\]"),
+    ("llada2-tiny", "routed_scaling_factor", 1e4, r"routed_scaling_factor must be a number in \[0.01, 100\]"),
+])
+def test_float_fields_are_kept_to_ranges_that_give_a_finite_model(tmp_path, family, field, value, rule):
+    """rope_theta 1e-300 loaded, then every request failed with NaN logits, in float32 too."""
+    src = PARITY / family if family != "llada2-tiny" else FIXTURES / "parity-block" / family
+    ckpt = shutil.copytree(src, tmp_path / family)
+    _edit_config(ckpt, mask_token_id=1, **{field: value})
+    with pytest.raises(CheckpointError, match=rule):
         _engine(ckpt)
 
 
