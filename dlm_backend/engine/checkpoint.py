@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,8 +41,9 @@ def open_checkpoint(config: EngineConfig) -> Checkpoint:
     # Checked before the weights load, so a bad file fails fast.
     defaults = checkpoint_defaults(hf_config.get("_generation_config", {}), str(folder / "generation_config.json"))
     model = load_model(folder, hf_config, config.torch_device, config.torch_dtype)
-    # No tokenizer.json: token ids only. One that is there but broken is an error, not "absent".
-    tokenizer = Tokenizer(folder) if (folder / "tokenizer.json").is_file() else None
+    # No tokenizer.json: token ids only. One that is there but broken (or a link out of the folder,
+    # or to nothing) is an error, not "absent".
+    tokenizer = Tokenizer(folder) if os.path.lexists(folder / "tokenizer.json") else None
     return Checkpoint(folder, hf_config, defaults, model, tokenizer, _token_info(model, hf_config, tokenizer))
 
 

@@ -1,10 +1,11 @@
 """Hostile checkpoint folders: each one loads or is a DLMError naming the problem, quickly.
 
-Eighty-three folders are generated from the tiny parity checkpoints with one thing wrong each: config.json
-fields of the wrong type or out of range (a layer count that would build for hours, a position
-count that would allocate 38 GB), generation and tokenizer configs, shard indexes pointing outside
-the folder, symlinks, truncated weights, pickle-only folders and chat templates that ask for
-gigabytes or never finish. Nothing may raise anything but a DLMError, or take more than 10 s.
+Ninety-seven folders are generated from the tiny parity checkpoints with one thing wrong each:
+config.json fields of the wrong type or out of range (a layer count that would build for hours, a
+position count that would allocate 38 GB, a rope_theta of 1e-300 that made every logit NaN),
+generation and tokenizer configs, shard indexes pointing outside the folder, files that are links
+out of the folder, FIFOs or 10 GB, truncated weights, pickle-only folders and chat templates that ask
+for gigabytes or never finish. Nothing may raise anything but a DLMError, or take more than 10 s.
 """
 
 from __future__ import annotations
@@ -93,12 +94,38 @@ def _folders(tmp_path) -> list:
         f = make_chat_checkpoint(tmp_path / f"template-{i}", "dream")
         _edit(f, "tokenizer_config.json", chat_template=template)
         out.append(f)
+    return out + _unconfined_files(tmp_path)
+
+
+def _unconfined_files(tmp_path) -> list:
+    """Files a checkpoint reads, each as a link to a valid copy outside the folder, a FIFO inside or
+    outside it, or a sparse 10 GB file: followed, blocking or read whole before."""
+    outside, out = tmp_path / "outside", []
+    outside.mkdir()
+    os.mkfifo(outside / "fifo")
+    (outside / "chat_template.jinja").write_text("{% for m in messages %}{{ m.content }}{% endfor %}")
+    for name, kinds in (("config.json", ("link", "link-fifo", "10gb")), ("generation_config.json", ("link", "fifo")),
+                        ("tokenizer.json", ("link", "fifo", "10gb")), ("tokenizer_config.json", ("link", "10gb")),
+                        ("chat_template.jinja", ("link", "fifo")), ("model.safetensors", ("fifo",))):
+        for kind in kinds:
+            f = make_chat_checkpoint(tmp_path / f"file-{name}-{kind}", "dream")
+            if kind == "link" and (f / name).exists():
+                shutil.copy(f / name, outside / name)
+            (f / name).unlink(missing_ok=True)
+            if kind == "fifo":
+                os.mkfifo(f / name)
+            elif kind == "10gb":
+                with open(f / name, "wb") as file:
+                    file.truncate(10 << 30)             # sparse: no disk used
+            else:
+                os.symlink(outside / ("fifo" if kind == "link-fifo" else name), f / name)
+            out.append(f)
     return out
 
 
 def test_hostile_checkpoint_folders(tmp_path):
     folders = _folders(tmp_path)
-    assert len(folders) >= 50
+    assert len(folders) >= 90
     refused, worst = [], 0.0
     for folder in folders:
         t = time.perf_counter()
