@@ -1,6 +1,6 @@
 """Hostile checkpoint folders: each one loads or is a DLMError naming the problem, quickly.
 
-Ninety-seven folders are generated from the tiny parity checkpoints with one thing wrong each:
+Over a hundred folders are generated from the tiny parity checkpoints with one thing wrong each:
 config.json fields of the wrong type or out of range (a layer count that would build for hours, a
 position count that would allocate 38 GB, a rope_theta of 1e-300 that made every logit NaN),
 generation and tokenizer configs, shard indexes pointing outside the folder, files that are links
@@ -31,6 +31,15 @@ LLADA = {"n_layers": [10**7, "2"], "d_model": [-64, "64"], "n_heads": [0], "max_
          "mlp_hidden_size": [-1], "embedding_size": [0]}
 # LLaDA2 keeps its mask id in the tokenizer: the copies get one in config.json, so only the field is wrong.
 LLADA2 = {"routed_scaling_factor": [1e-300, 1e4, 0], "partial_rotary_factor": [1e-300, 2.0]}
+TEMPLATES = ["{{ 'a' * 10**10 }}", "{{ '%999999999999d' % 1 }}", "{{ messages|tojson(indent=10**10) }}",
+             "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+             "{{ ''.__class__.__mro__ }}", "{% for", 5, ["x"], "{{ '{:{w}}'.format(1, w=10**9) }}",
+             # 3.4 GB, 4 GB returned, 58 s, 11 s, 4.4 GB before ~, filters and calls were bounded:
+             "{% set s = 'ab' %}" + "{% set s = s ~ s %}" * 33, "{{ ([1] * 1000000)|join(' ' * 4000) }}",
+             "{% set s = 'x' * 2000000 %}{{ s|wordwrap(1)|wordwrap(1)|wordwrap(1) }}", "{{ lipsum(n=200000) }}",
+             "{% macro f(s, n) %}{% if n %}{{ f(s ~ s, n - 1) }}{% endif %}{% endmacro %}{{ f('x', 40) }}",
+             "{% set l = [1] * 100000 %}{% for a in l %}{% for b in l %}{% endfor %}{% endfor %}",
+             "{% set s = 'x' * 3900000 %}{{ [s] * 100000 }}"]
 
 
 def _copy(tmp_path, family: str, name: str):
@@ -88,9 +97,7 @@ def _folders(tmp_path) -> list:
             f = shutil.copytree(FIXTURES / "parity-block" / "llada2-tiny", tmp_path / f"llada2-{key}-{i}")
             _edit(f, "config.json", mask_token_id=1, **{key: value})
             out.append(f)
-    for i, template in enumerate(["{{ 'a' * 10**10 }}", "{{ '%999999999999d' % 1 }}", "{{ messages|tojson(indent=10**10) }}",
-                                  "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
-                                  "{{ ''.__class__.__mro__ }}", "{% for", 5, ["x"], "{{ '{:{w}}'.format(1, w=10**9) }}"]):
+    for i, template in enumerate(TEMPLATES):
         f = make_chat_checkpoint(tmp_path / f"template-{i}", "dream")
         _edit(f, "tokenizer_config.json", chat_template=template)
         out.append(f)
@@ -125,7 +132,7 @@ def _unconfined_files(tmp_path) -> list:
 
 def test_hostile_checkpoint_folders(tmp_path):
     folders = _folders(tmp_path)
-    assert len(folders) >= 90
+    assert len(folders) >= 100
     refused, worst = [], 0.0
     for folder in folders:
         t = time.perf_counter()
