@@ -229,7 +229,10 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
                                  f"{MAX_TEMPLATE_CHARS}. Use a checkpoint with a sane chat template.")
         try:
             return self.from_string(source)
-        except (Exception, RecursionError) as exc:  # noqa: BLE001 - TemplateError, and Python's SyntaxError ("too many statically nested blocks")
+        except TokenizerError:          # a bound hit while folding constants
+            raise
+        # TemplateError, RecursionError, and Python's own SyntaxError ("too many statically nested blocks")
+        except (Exception, RecursionError) as exc:  # noqa: BLE001
             hint = (f" This sandbox offers the filters real chat templates use: {', '.join(sorted(FILTERS))}."
                     if "No filter named" in str(exc) else "")
             raise TokenizerError(f"The chat template does not compile: {str(exc)[:200].rstrip('.')}.{hint} "
