@@ -66,23 +66,22 @@ class _BoundedCodeGenerator(CodeGenerator):
             self.visit(part, frame) if part is not None else self.write("None")
         self.write(")")
 
+    # The flags below are jinja's own choices, as Python source: markup_join inside {% autoescape %}
+    # blocks (volatile) or with autoescape on, escaped output where autoescape is on.
     def visit_Concat(self, node, frame):
         self.write("environment.join_parts((")
         for arg in node.nodes:
             self.visit(arg, frame)
             self.write(", ")
-        self.write(f"), {_escaping(frame)})")
+        markup = "context.eval_ctx.volatile" if frame.eval_ctx.volatile else repr(bool(frame.eval_ctx.autoescape))
+        self.write(f"), {markup})")
 
     def _output_child_pre(self, node, frame, finalize):
         self.write("environment.output(")
 
     def _output_child_post(self, node, frame, finalize):
-        self.write(f", {_escaping(frame)})")
-
-
-def _escaping(frame) -> str:
-    """Whether output is HTML-escaped here ({% autoescape %} blocks), as Python source."""
-    return "context.eval_ctx.autoescape" if frame.eval_ctx.volatile else repr(bool(frame.eval_ctx.autoescape))
+        escape = "context.eval_ctx.autoescape" if frame.eval_ctx.volatile else repr(bool(frame.eval_ctx.autoescape))
+        self.write(f", {escape})")
 
 
 class BoundedSandbox(ImmutableSandboxedEnvironment):
@@ -126,13 +125,11 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
             return self._spend(markupsafe.escape(value), value)
         return value if type(value) is str else self._spend(as_text(value))
 
-    def join_parts(self, parts, escape: bool = False) -> str:
+    def join_parts(self, parts, markup: bool = False) -> str:
         """``a ~ b ~ c``: 33 x ``{% set s = s ~ s %}`` reached 3.4 GB before a MemoryError."""
         self.tick()
         text = self._spend(bounded_join(parts), *parts)
-        if escape or any(hasattr(p, "__html__") for p in parts):       # jinja's markup_join
-            return self._spend(jinja2.runtime.markup_join(parts))
-        return text
+        return self._spend(jinja2.runtime.markup_join(parts)) if markup else text
 
     def concat(self, pieces) -> str:
         """The body of a ``{% set %}`` block, macro, ``{% filter %}`` or call block (jinja's ``"".join``)."""
