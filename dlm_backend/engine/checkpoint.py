@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,8 +45,9 @@ def open_checkpoint(config: EngineConfig) -> Checkpoint:
     # The family's reference set-up first (LLaDA2: llada2 at 0.95), the checkpoint's own on top; a
     # checkpoint naming another sampler replaces it whole.
     defaults = layered(type(model).sampling_defaults, defaults)
-    # No tokenizer.json: token ids only. One that is there but broken is an error, not "absent".
-    tokenizer = Tokenizer(folder) if (folder / "tokenizer.json").is_file() else None
+    # No tokenizer.json: token ids only. One that is there but broken (or a link out of the folder,
+    # or to nothing) is an error, not "absent".
+    tokenizer = Tokenizer(folder) if os.path.lexists(folder / "tokenizer.json") else None
     return Checkpoint(folder, hf_config, defaults, model, tokenizer, _token_info(model, hf_config, tokenizer))
 
 

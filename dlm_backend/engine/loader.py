@@ -11,6 +11,7 @@ import json
 import os
 from pathlib import Path
 
+from dlm_backend.engine.files import MAX_JSON_BYTES, checkpoint_file, read_checkpoint_file
 from dlm_backend.engine.models.registry import resolve_model_class
 from dlm_backend.errors import CheckpointError, ModelNotFoundError, UnsafeCheckpointError
 
@@ -73,39 +74,32 @@ def resolve_checkpoint(model: str | os.PathLike, revision: str | None = None,
                                  "the network and proxy settings, or pass a local checkpoint folder.") from exc
 
 
-def _inside(folder: Path, name: str, where: str) -> Path:
-    """``folder / name``, refused when the name or a symlink leads outside the checkpoint: the folder
-    itself or, for a hub snapshot (``.../snapshots/<revision>``), its repository's cache."""
-    path = folder / name
-    root = folder.parents[1] if folder.parent.name == "snapshots" else folder
-    if Path(name).is_absolute() or not path.resolve().is_relative_to(root.resolve()):
-        raise CheckpointError(f"{where} names {name!r:.100}, which is outside the checkpoint folder {folder}; "
-                              "shards must be files inside it. Fix or re-download the checkpoint.")
-    return path
-
-
 def _offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes")
 
 
 def read_config(folder: Path) -> dict:
-    config_path = folder / "config.json"
-    if not config_path.is_file():
+    config = read_json(folder, "config.json")
+    if config is None:
         raise CheckpointError(f"{folder} has no config.json. Point at the folder that holds the "
                               "checkpoint's config.json and safetensors files.")
-    config = read_json(config_path)
-    generation_path = folder / "generation_config.json"
-    if generation_path.is_file():
-        config["_generation_config"] = read_json(generation_path)
+    generation = read_json(folder, "generation_config.json")
+    if generation is not None:
+        config["_generation_config"] = generation
     return config
 
 
-def read_json(path: Path) -> dict:
-    """A checkpoint's JSON file; a truncated or hand-broken one is a CheckpointError naming it."""
+def read_json(folder: Path, name: str) -> dict | None:
+    """A checkpoint's JSON file (None when absent), read confined to the folder and bounded in size;
+    a truncated or hand-broken one is a CheckpointError naming it."""
+    data, path = read_checkpoint_file(folder, name, MAX_JSON_BYTES), folder / name
+    if data is None:
+        return None
     try:
-        value = json.loads(path.read_text())
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise CheckpointError(f"{path} is not valid JSON ({exc}). Re-download the checkpoint or fix the file.") from None
+        value = json.loads(data)
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:   # RecursionError: [[[[... 10**5 deep
+        raise CheckpointError(f"{path} is not valid JSON ({str(exc)[:200]}). Re-download the checkpoint or fix "
+                              "the file.") from None
     if not isinstance(value, dict):
         raise CheckpointError(f"{path} must hold a JSON object. Re-download the checkpoint or fix the file.")
     return value
@@ -132,20 +126,22 @@ def _from_config(build, config: dict):
 def safetensors_files(folder: Path) -> list[Path]:
     """The weight files, from ``model.safetensors.index.json`` when sharded."""
     index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        weight_map = read_json(index).get("weight_map", {})
+    index_json = read_json(folder, index.name)
+    if index_json is not None:
+        weight_map = index_json.get("weight_map", {})
         if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
             raise CheckpointError(f"{index}: 'weight_map' must map tensor names to shard file names. Re-download "
                                   "the checkpoint.")
-        files = sorted({_inside(folder, name, index.name) for name in weight_map.values()})
-        missing = [f.name for f in files if not f.is_file()]
+        files = {name: checkpoint_file(folder, name, index.name) for name in sorted(set(weight_map.values()))}
+        missing = [name for name, file in files.items() if file is None]
         if missing:
             raise CheckpointError(f"Shards listed in {index.name} are missing: {', '.join(missing)}. "
                                   "Re-download the checkpoint.")
-        return files
+        return sorted(set(files.values()))
     # HF names weights model.safetensors / model-0000i-of-0000n.safetensors; other *.safetensors
-    # files in a folder (adapters, test data) are not this model's weights.
-    files = sorted(_inside(folder, f.name, "the folder") for f in folder.glob("model*.safetensors"))
+    # files in a folder (adapters, test data) are not this model's weights. Each must be a regular
+    # file inside the folder (safetensors memory-maps it; a FIFO would block the open).
+    files = sorted(checkpoint_file(folder, f.name) for f in folder.glob("model*.safetensors"))
     if files:
         return files
     # A hub download fetches no pickle, but a sharded one's index (pytorch_model.bin.index.json) shows it.

@@ -9,6 +9,7 @@ import jinja2
 from tokenizers import Tokenizer as HFTokenizer
 
 from dlm_backend.engine.chat_template import BoundedSandbox
+from dlm_backend.engine.files import MAX_JSON_BYTES, MAX_TEMPLATE_BYTES, MAX_TOKENIZER_BYTES, read_checkpoint_file
 from dlm_backend.errors import TokenizerError
 
 SPECIAL_KEYS = ("bos_token", "eos_token", "pad_token", "unk_token", "mask_token")
@@ -23,17 +24,21 @@ class Tokenizer:
     """``tokenizer.json`` plus the special tokens and chat template from ``tokenizer_config.json``."""
 
     def __init__(self, folder: Path):
-        path = folder / "tokenizer.json"
-        if not path.is_file():
+        # Read by us, confined to the folder and bounded in size (a CheckpointError otherwise), then parsed.
+        data = read_checkpoint_file(folder, "tokenizer.json", MAX_TOKENIZER_BYTES)
+        if data is None:
             raise TokenizerError(f"{folder} has no tokenizer.json, so text prompts cannot be encoded. "
                                  "Pass prompt_token_ids instead, or add the checkpoint's tokenizer.json.")
+        config = read_checkpoint_file(folder, "tokenizer_config.json", MAX_JSON_BYTES)
         try:
-            self._tok = HFTokenizer.from_file(str(path))
-            cfg_path = folder / "tokenizer_config.json"
-            self.config = json.loads(cfg_path.read_text()) if cfg_path.is_file() else {}
-        except Exception as exc:  # noqa: BLE001 - tokenizers raises a bare Exception on a bad file
-            raise TokenizerError(f"{folder}'s tokenizer files do not load ({type(exc).__name__}: {exc}). "
-                                 "Re-download the checkpoint or replace tokenizer.json / tokenizer_config.json.") from None
+            self._tok = HFTokenizer.from_str(data.decode("utf-8"))
+            self.config = json.loads(config) if config is not None else {}
+            if not isinstance(self.config, dict):
+                raise ValueError("tokenizer_config.json must hold a JSON object")
+        except (Exception, RecursionError) as exc:  # noqa: BLE001 - tokenizers raises a bare Exception on a bad file
+            raise TokenizerError(f"{folder}'s tokenizer files do not load ({type(exc).__name__}: "
+                                 f"{str(exc)[:200]}). Re-download the checkpoint or replace tokenizer.json / "
+                                 "tokenizer_config.json.") from None
         self.special_tokens = {k: _content(self.config.get(k)) for k in SPECIAL_KEYS if self.config.get(k)}
         self.templates = self._find_templates(folder)
         self._compiled: dict[str, jinja2.Template] = {}
@@ -43,9 +48,9 @@ class Tokenizer:
     def _find_templates(self, folder: Path) -> dict[str, str]:
         """Name -> template; ``default`` is the plain one. A list in tokenizer_config.json names them
         (``[{"name": "default", ...}, {"name": "tool_use", ...}]``), as Hugging Face reads it."""
-        jinja_file = folder / "chat_template.jinja"
-        if jinja_file.is_file():
-            return {"default": jinja_file.read_text(errors="replace")}
+        jinja_file = read_checkpoint_file(folder, "chat_template.jinja", MAX_TEMPLATE_BYTES)
+        if jinja_file is not None:
+            return {"default": jinja_file.decode("utf-8", errors="replace")}
         template = self.config.get("chat_template")
         if isinstance(template, list):
             named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict) and t.get("template")}
@@ -99,10 +104,7 @@ class Tokenizer:
                                  "prompt, or add a chat template to the checkpoint.")
         name = "tool_use" if tools and "tool_use" in self.templates else "default"
         if name not in self._compiled:
-            try:
-                self._compiled[name] = self._env.from_string(self.templates[name])
-            except (jinja2.TemplateError, RecursionError, ValueError) as exc:
-                raise TokenizerError(f"The chat template does not compile: {str(exc)[:200]}. Fix the template.") from None
+            self._compiled[name] = self._env.compile_template(self.templates[name])
         # the caller's values win over the checkpoint's special tokens, as in transformers
         return self._env.render(self._compiled[name], messages=messages, tools=tools or None,
                                 add_generation_prompt=add_generation_prompt, **{**self.special_tokens, **kwargs})

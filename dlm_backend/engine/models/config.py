@@ -3,8 +3,9 @@
 A config.json is input like any other: ``num_hidden_layers: 10000000`` built layers for hours,
 ``max_position_embeddings: 3e8`` asked for 38 GB, ``hidden_size: "256"`` or ``-256``, heads 0,
 ``rope_scaling: "linear"`` or ``eos_token_id: "0"`` raised raw TypeErrors deep inside torch, and
-``rope_theta: 0`` loaded and then failed every request. Each family reads its fields through a
-:class:`ConfigReader`, and each bad field is a CheckpointError naming it and its rule.
+``rope_theta: 0`` (or ``1e-300``) loaded and then failed every request with NaN logits. Each family
+reads its fields through a :class:`ConfigReader`, and each bad field is a CheckpointError naming it
+and its rule; the float fields also keep to :data:`FLOAT_RANGES`, whatever range a family asks.
 """
 
 from __future__ import annotations
@@ -19,6 +20,21 @@ MAX_HEADS = 1024
 MAX_VOCAB = 1 << 22
 MAX_POSITIONS = 1 << 19         # 512K: the rotary table holds every position (512 MB at head_dim 128)
 _MISSING = object()
+#: name -> (low, high, low excluded): ranges that give a finite, meaningful model.
+FLOAT_RANGES = {
+    # RoPE turns pair i by position * theta^(-2i/d) in float32: a base of 1 or less turns every pair at
+    # least once per token (1e-30 turned by 1e29 rad: noise), and 1e-300 is 0 there, so the table was
+    # inf and every logit NaN, in float32 too. Real bases are 1e4 to 1e8.
+    "rope_theta": (1.0, 1e12, True),
+    # RMSNorm divides by sqrt(mean(x^2) + eps) in float32: an eps under 1e-12 (1e-300 is 0 there) is
+    # inf on an all-zero row, such as a zeroed pad embedding. Real ones: 1e-5, 1e-6 (BERT's 1e-12).
+    "rms_norm_eps": (1e-12, 1.0, False),
+    # The fraction of each head that rotates: int(head_dim * factor) dims, at least 2 (checked there).
+    "partial_rotary_factor": (0.0, 1.0, True),
+    # Scales the routed experts' sum: 1e-300 silenced them and 1e4 overflows float16 (65,504) at an
+    # expert output of 7. Real ones: 1.0 (most), 2.5 (DeepSeek-V3, Ling), 2.83 (Kimi K2), 16 (DeepSeek-V2).
+    "routed_scaling_factor": (0.01, 100.0, False),
+}
 
 
 class ConfigReader:
@@ -41,6 +57,13 @@ class ConfigReader:
         return value
 
     def float(self, name: str, default=_MISSING, low: float = 0.0, high: float = 1e12, low_open: bool = True) -> float:
+        """``name`` as a number in ``(low, high]`` (``[low, high]`` if not ``low_open``), narrowed to
+        its :data:`FLOAT_RANGES` entry."""
+        if name in FLOAT_RANGES:
+            f_low, f_high, f_open = FLOAT_RANGES[name]
+            if f_low > low or (f_low == low and f_open):
+                low, low_open = f_low, f_open
+            high = min(high, f_high)
         _, value = self._first((name,), default)
         ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and (
             value > low if low_open else value >= low) and value <= high
