@@ -82,3 +82,15 @@ def test_a_response_template_fixes_slots_across_blocks(sdar):
     # One token a pass: the three free slots and the one past the output's end in the last block (decoded,
     # as the references decode their last block whole); the block the template fills costs nothing.
     assert out.num_forward_passes == 4
+
+
+@pytest.mark.parametrize("sampler", ["threshold", "factor", "entropy_bounded", "llada"])
+@pytest.mark.parametrize("cache", ["none", "prefix"])
+def test_the_full_sequence_rules_decode_block_models_too(sdar, sampler, cache):
+    params = SamplingParams(sampler=sampler, max_tokens=18, cache=cache, threshold=0.3, factor=2.0, gamma=1.0,
+                            ignore_eos=True)
+    out = sdar.generate(prompt_token_ids=[PROMPTS[1]], sampling_params=params)[0]
+    same = sdar.generate(prompt_token_ids=[PROMPTS[1]], sampling_params=params.replace(
+        cache="prefix" if cache == "none" else "none"))[0]
+    assert len(out.token_ids) == 18 and out.token_ids == same.token_ids       # paged and unpaged agree
+    assert out.num_forward_passes == same.num_forward_passes
