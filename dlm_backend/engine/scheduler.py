@@ -21,6 +21,7 @@ class Scheduler:
         self.prefix_caching = prefix_caching
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        self._running_ids: set[int] = set()
 
     @property
     def num_unfinished(self) -> int:
@@ -37,29 +38,45 @@ class Scheduler:
         if not seq.kv_positions:
             return True
         alloc = self.allocator
-        hashes = seq.prefix_hashes(alloc.page_size) if self.prefix_caching else []
-        got = alloc.reserve(alloc.pages_for(seq.kv_positions), hashes)
+        seq.hashes = seq.prefix_hashes(alloc.page_size) if self.prefix_caching else []
+        got = alloc.reserve(alloc.pages_for(seq.kv_positions), seq.hashes, writer=seq.seq_id)
         if got is None:
             return False
-        seq.pages, shared = got
-        seq.num_cached = shared * alloc.page_size           # shared prompt pages need no prefill
-        seq.published = shared
+        seq.pages, seq.num_shared = got
+        self._catch_up(seq)
         return True
+
+    def _catch_up(self, seq: Sequence) -> bool:
+        """Count shared prompt pages written since as cached; True while the next one is still being
+        written by another running request (the request waits for it rather than compute it twice)."""
+        alloc, size = self.allocator, self.allocator.page_size
+        while seq.num_cached // size < seq.num_shared:
+            h = seq.hashes[seq.num_cached // size]
+            if not alloc.written(h):
+                writer = alloc.writer(h)
+                return writer is not None and writer != seq.seq_id and writer in self._running_ids
+            seq.num_cached += size
+            seq.published += 1
+        return False
 
     def schedule(self) -> list[Sequence]:
         while self.waiting and len(self.running) < self.limits.max_num_seqs and self._admit(self.waiting[0]):
             seq = self.waiting.popleft()
             seq.status = Status.RUNNING
             self.running.append(seq)
+        self._running_ids = {s.seq_id for s in self.running}
         batch, budget = [], self.limits.max_num_batched_tokens
         for seq in self.running:
+            if seq.num_shared and self._catch_up(seq):
+                continue                                 # its prompt's keys are on their way
             cost = seq.plan(self.logits_shift).num_tokens
             if batch and cost > budget:
                 break
             batch.append(seq)
             budget -= cost
-        if len(batch) < len(self.running):   # the rest go first next time
-            self.running = self.running[len(batch):] + batch
+        if batch and batch[-1] is not self.running[-1]:  # the rest go first next time
+            i = self.running.index(batch[-1]) + 1
+            self.running = self.running[i:] + self.running[:i]
         return batch
 
     def remove_finished(self) -> list[Sequence]:

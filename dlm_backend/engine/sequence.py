@@ -92,6 +92,8 @@ class Sequence(ABC):
         self.error: str | None = None
         self.pages: list[int] = []             # KV pages, logical order (engine/kv)
         self.num_cached = 0                    # positions 0..num_cached hold clean keys and values
+        self.hashes: list[int] = []            # prefix-cache names of its full prompt pages (set when admitted)
+        self.num_shared = 0                    # leading pages shared with other requests
         self.published = 0                     # prompt pages offered to the prefix cache
         self.random = None                     # the sampler's draws (samplers/random.py), set by the runner
         self.detokenizer = Detokenizer(tokenizer, params.stop, len(self.template)) if tokenizer is not None else None
@@ -128,7 +130,7 @@ class Sequence(ABC):
     def clean_prompt_pages(self, page_size: int) -> list[tuple[int, int]]:
         """(page, hash) of shareable prompt pages whose keys and values were written since the last
         call: the engine offers them to the prefix cache."""
-        hashes = self.prefix_hashes(page_size)
+        hashes = self.hashes
         ready = min(len(hashes), self.num_cached // page_size, len(self.pages))
         out = [(self.pages[i], hashes[i]) for i in range(self.published, ready)]
         self.published = max(self.published, ready)

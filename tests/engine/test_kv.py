@@ -95,3 +95,58 @@ def test_a_request_larger_than_the_whole_cache_is_refused_up_front():
     with pytest.raises(ContextLengthError, match="KV pages.*kv_cache_memory"):
         llm.generate(prompt_token_ids=[[5] * 8], sampling_params=SamplingParams(
             max_tokens=min(too_long, llm.engine.max_model_len - 8), cache="prefix"))
+
+
+def test_a_page_is_shared_while_it_is_being_written_and_forgotten_if_never_written():
+    alloc = PageAllocator(num_pages=8, page_size=4)
+    h = page_hashes(list(range(8)), 4, 2)
+    a, shared = alloc.reserve(3, h, writer=1)
+    assert shared == 0 and alloc.writer(h[0]) == 1 and not alloc.written(h[0])
+    b, shared = alloc.reserve(3, h, writer=2)              # admitted in the same step: shares a's pending pages
+    assert shared == 2 and b[:2] == a[:2]
+    alloc.publish(a[0], h[0])
+    assert alloc.written(h[0]) and alloc.writer(h[0]) is None and alloc.writer(h[1]) == 1
+    alloc.release(a)                                        # a ends before writing its second page
+    alloc.release(b)
+    assert alloc.writer(h[1]) is None and alloc.num_free == 8
+    c, shared = alloc.reserve(2, h, writer=3)
+    assert shared == 1 and c[0] == a[0]                     # the written page is still cached, the other is not
+
+
+def _engine_run(engine, prompts, params, abort_first_after=None):
+    ids = [engine.add_request(p, params).request_id for p in prompts]
+    done, steps = {}, 0
+    while engine.has_unfinished:
+        if steps == abort_first_after:
+            done[ids[0]] = engine.abort(ids[0]).output
+        done.update({c.request_id: c.output for c in engine.step() if c.finished})
+        steps += 1
+    return [done.get(i) for i in ids]
+
+
+def test_requests_admitted_together_compute_their_shared_prompt_once():
+    system = list(range(100, 100 + 64))                    # four pages no other test uses
+    prompts = [system + [200 + i, 7, 8] for i in range(4)]
+    params = SamplingParams(sampler="sdar", max_tokens=12, ignore_eos=True)
+    solo = LLM(str(SDAR), dtype="float32", prefix_caching=False)
+    want = [solo.generate(prompt_token_ids=[p], sampling_params=params)[0].token_ids for p in prompts]
+    llm = LLM(str(SDAR), dtype="float32")
+    hits = llm.engine.allocator.hits
+    outs = _engine_run(llm.engine, prompts, params)
+    assert [o.token_ids for o in outs] == want
+    assert llm.engine.allocator.hits - hits == 3 * 4        # three requests found all four pages
+    # The first writes them in its prefill; the others wait for it and have no prefill of their own
+    # (their own tokens sit in the first decoded block).
+    assert [o.num_cache_passes for o in outs] == [outs[0].num_cache_passes] + [outs[0].num_cache_passes - 1] * 3
+
+
+def test_when_the_writer_of_a_shared_page_ends_first_another_request_writes_it():
+    system = list(range(200, 200 + 64))
+    prompts = [system + [200 + i, 7, 8] for i in range(3)]
+    params = SamplingParams(sampler="sdar", max_tokens=12, ignore_eos=True)
+    solo = LLM(str(SDAR), dtype="float32", prefix_caching=False)
+    want = [solo.generate(prompt_token_ids=[p], sampling_params=params)[0].token_ids for p in prompts]
+    llm = LLM(str(SDAR), dtype="float32")
+    outs = _engine_run(llm.engine, prompts, params, abort_first_after=1)   # after admission, before its prefill
+    assert outs[0].finish_reason == "abort" and [o.token_ids for o in outs[1:]] == want[1:]
+    assert llm.engine.allocator.num_used == 0

@@ -9,6 +9,11 @@ tokens up to its end, so full prompt pages are shared: each is named by a hash c
 tokens before it, a request that starts with the same tokens maps those pages instead of computing
 them, and pages nobody holds stay cached (least recently released evicted first) until their room
 is needed. Agents' system prompts and tool schemas, and RAG instructions, are then computed once.
+
+A page is shared from the moment a request reserves it, before its keys are written (*pending*):
+requests admitted together with the same system prompt then compute it once, the others waiting
+for it (``Scheduler``). Should the request writing a pending page end first, a request sharing it
+writes it itself (the same keys: the same tokens at the same positions).
 """
 
 from __future__ import annotations
@@ -27,17 +32,19 @@ def page_hashes(tokens: list[int], page_size: int, full_pages: int, seed: int = 
 
 
 class PageAllocator:
-    """Free pages, reference counts and the hash -> page map of the prefix cache."""
+    """Free pages, reference counts and the hash -> page maps of the prefix cache."""
 
     def __init__(self, num_pages: int, page_size: int):
         self.num_pages, self.page_size = num_pages, page_size
         self._free: deque[int] = deque(range(num_pages))     # pages holding nothing reusable
         self._refs = [0] * num_pages
-        self._hash_of: dict[int, int] = {}                   # page -> its prefix hash
-        self._page_of: dict[int, int] = {}                   # prefix hash -> page
+        self._hash_of: dict[int, int] = {}                   # page -> its prefix hash, once written
+        self._page_of: dict[int, int] = {}                   # prefix hash -> page, once written
+        self._pending: dict[int, tuple[int, int]] = {}       # prefix hash -> (page, writer) not written yet
+        self._pending_name: dict[int, int] = {}              # page -> its pending prefix hash
         self._evictable: OrderedDict[int, None] = OrderedDict()   # hashed pages nobody holds, LRU first
         self.lookups = 0                                     # prompt pages looked up in the prefix cache
-        self.hits = 0                                        # ... and found there
+        self.hits = 0                                        # ... and found there (written or being written)
 
     @property
     def num_free(self) -> int:
@@ -55,13 +62,16 @@ class PageAllocator:
     def pages_for(self, positions: int) -> int:
         return -(-positions // self.page_size)
 
-    def reserve(self, needed: int, hashes: list[int]) -> tuple[list[int], int] | None:
-        """Pages for a request that needs ``needed`` pages and whose first full prompt pages are named
-        by ``hashes``: the cached ones of the longest run of them are shared, the rest allocated.
-        Returns (pages, how many are shared), or None (nothing held) when not enough are free."""
+    def reserve(self, needed: int, hashes: list[int], writer: int = -1) -> tuple[list[int], int] | None:
+        """Pages for request ``writer`` that needs ``needed`` pages and whose first full prompt pages
+        are named by ``hashes``: the longest run of them already written or being written is shared,
+        the rest allocated (its own prompt pages become pending under ``writer``). Returns (pages,
+        how many are shared), or None (nothing held) when not enough are free."""
         shared = []
         for h in hashes:
             page = self._page_of.get(h)
+            if page is None and h in self._pending:
+                page = self._pending[h][0]
             if page is None:
                 break
             shared.append(page)
@@ -72,7 +82,20 @@ class PageAllocator:
             self._hold(page)
         self.lookups += len(hashes)
         self.hits += len(shared)
-        return shared + self.allocate(needed - len(shared)), len(shared)
+        own = self.allocate(needed - len(shared))
+        for h, page in zip(hashes[len(shared):], own):
+            self._pending[h] = (page, writer)
+            self._pending_name[page] = h
+        return shared + own, len(shared)
+
+    def written(self, h: int) -> bool:
+        """Whether the page named ``h`` holds its keys and values already."""
+        return h in self._page_of
+
+    def writer(self, h: int) -> int | None:
+        """The request writing the pending page named ``h`` (None: not pending)."""
+        entry = self._pending.get(h)
+        return entry[1] if entry else None
 
     def allocate(self, n: int) -> list[int]:
         """``n`` pages for one request; the caller checked :attr:`num_free` first."""
@@ -91,6 +114,8 @@ class PageAllocator:
 
     def publish(self, page: int, h: int) -> None:
         """Name a page that now holds a full prompt page's keys and values by its prefix hash."""
+        if self._pending.get(h, (None,))[0] == page:
+            del self._pending[h], self._pending_name[page]
         if h not in self._page_of and page not in self._hash_of:
             self._page_of[h] = page
             self._hash_of[page] = h
@@ -102,6 +127,10 @@ class PageAllocator:
                 if page in self._hash_of:
                     self._evictable[page] = None
                 else:
+                    # A pending page nobody holds any more was never written: forget its name.
+                    h = self._pending_name.pop(page, None)
+                    if h is not None:
+                        del self._pending[h]
                     self._free.append(page)
 
     def _hold(self, page: int) -> None:
