@@ -133,14 +133,18 @@ def make_block_chat_checkpoint(dest: Path, family: str) -> Path:
     return dest
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 @contextlib.contextmanager
 def serve_in_thread(app):
     """Run a FastAPI app with uvicorn on a free loopback port; yields its base URL."""
     import uvicorn
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=srv.run, daemon=True)
     thread.start()
