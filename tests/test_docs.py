@@ -159,3 +159,23 @@ def test_the_adapter_example_in_plugins_md_is_listed_and_answers_as_the_chat_lay
         assert not any(path in str(key[0]) for key in shared.loaded())               # the engine was given back
     finally:
         pm.unregister(name="doc-adapter")
+
+
+def test_the_readme_layout_names_every_module_and_architecture_md_every_folder():
+    root = DOCS.parent
+    section = (root / "README.md").read_text().split("## Layout")[1].split("\n## ")[0]
+    named: dict[str, set] = {}
+    for bullet in re.split(r"\n- ", section)[1:]:
+        folder = re.match(r"`(dlm_backend/[\w/]*)`", bullet)
+        if folder:
+            named[folder.group(1)] = set(re.findall(r"`([\w.]+\.py)`", bullet))
+    package = root / "dlm_backend"
+    folders = {str(d.relative_to(root)) + "/" for d in [package, *package.rglob("*")]
+               if d.is_dir() and any(d.glob("*.py"))}
+    assert set(named) == folders, set(named) ^ folders
+    for folder, files in named.items():
+        modules = {p.name for p in (root / folder).glob("*.py")} - {"__init__.py"}
+        assert files - {"__init__.py"} == modules, (folder, files ^ modules)
+    table = (DOCS / "architecture.md").read_text().split("## What lives where")[1]
+    rows = set(re.findall(r"^\| `(dlm_backend/[\w/]*)` \|", table, re.MULTILINE))
+    assert folders <= rows, folders - rows
