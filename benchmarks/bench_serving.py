@@ -18,7 +18,7 @@ import time
 import httpx
 
 from dlm_backend.engine.loader import default_model
-from dlm_backend.server.loadgen import chat_once, launch
+from loadgen import chat_once, launch          # benchmarks/loadgen.py, beside this script
 
 PROMPTS = [
     "Who are you?", "What is 17 plus 25?", "Sort these numbers: 42, 7, 19, 88, 3",

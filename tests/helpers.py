@@ -133,14 +133,18 @@ def make_block_chat_checkpoint(dest: Path, family: str) -> Path:
     return dest
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 @contextlib.contextmanager
 def serve_in_thread(app):
     """Run a FastAPI app with uvicorn on a free loopback port; yields its base URL."""
     import uvicorn
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=srv.run, daemon=True)
     thread.start()
@@ -181,3 +185,21 @@ def forward(model, ids, triton: bool = False):
     with forward_context(ForwardContext(PackedAttention([Segment(slice(0, len(ids)), 0)]), triton)):
         hidden = model(ids, pos)
         return hidden, model.compute_logits(hidden)
+
+
+def run_to_end(engine) -> dict:
+    """Step ``engine`` until idle; the final chunk of every request, by request id."""
+    chunks = []
+    while engine.has_unfinished:
+        chunks += engine.step()
+    return {c.request_id: c for c in chunks if c.finished}
+
+
+def with_template(folder, dream_chat, template=None):
+    """A checkpoint folder with dream_chat's tokenizer and the given chat template (or none)."""
+    from dlm_backend.engine.tokenizer import Tokenizer as CheckpointTokenizer
+
+    (folder / "tokenizer.json").write_bytes((dream_chat / "tokenizer.json").read_bytes())
+    if template is not None:
+        (folder / "tokenizer_config.json").write_text(json.dumps({"chat_template": template}))
+    return CheckpointTokenizer(folder)

@@ -1,16 +1,15 @@
-"""The paged KV pool: pages owned and returned, prompt pages shared by hash (exactly), admission by
-free pages, and a budget no single request can exceed refused up front."""
+"""The paged KV cache (engine/kv/): pages owned and returned, prompt pages shared by hash (exactly),
+the pool sized by its memory budget. Admission by free pages: test_scheduler.py; a request larger
+than the whole cache: test_validate.py."""
 
 import pytest
 from helpers import FIXTURES
 
 from dlm_backend import LLM, SamplingParams
 from dlm_backend.engine.kv import KVPool, PageAllocator, page_hashes
-from dlm_backend.errors import ContextLengthError
 
 SDAR = FIXTURES / "parity-block" / "sdar-tiny"
 FASTDLLM = FIXTURES / "parity-block" / "fastdllm2-tiny"
-LLADA = FIXTURES / "parity" / "llada-tiny"
 
 
 def test_pages_are_held_shared_by_hash_and_evicted_least_recently_released_first():
@@ -66,35 +65,6 @@ def test_shared_prompt_pages_change_no_token_and_save_the_prefill(folder):
     assert [o.num_forward_passes for o in [first, *rest]] == [o.num_forward_passes for o in want]
     kv = warm.engine.allocator
     assert kv.hits >= 2 * len(rest) and 0 < kv.hit_rate <= 1
-
-
-def test_admission_waits_for_free_pages_and_outputs_do_not_change():
-    # 1 MiB holds 85 pages of sdar-tiny (12 KiB each); a canvas of 12 blocks of 64 takes 48: one at a time.
-    llm = LLM(str(SDAR), dtype="float32", kv_cache_memory=1 << 20, config_overrides={"max_position_embeddings": 4096})
-    engine = llm.engine
-    assert engine.allocator.num_pages == 85
-    params = SamplingParams(sampler="sdar", max_tokens=700, block_length=64, steps=1, ignore_eos=True)   # 12 blocks
-    prompts = [[5, 6, 7, 8, 9, 10, 11, i] for i in range(3)]
-    solo = [llm.generate(prompt_token_ids=[p], sampling_params=params)[0].token_ids for p in prompts]
-    ids = [engine.add_request(p, params).request_id for p in prompts]
-    engine.step()
-    assert (engine.num_running, engine.num_waiting) == (1, 2)          # admitted by pages, not by count
-    assert engine.allocator.num_used == 48
-    done = {}
-    while engine.has_unfinished:
-        assert engine.num_running <= 1
-        done.update({c.request_id: c.output.token_ids for c in engine.step() if c.finished})
-    assert [done[i] for i in ids] == solo and engine.allocator.num_used == 0
-
-
-def test_a_request_larger_than_the_whole_cache_is_refused_up_front():
-    llm = LLM(str(LLADA), dtype="float32", kv_cache_memory=1 << 20,       # 64 pages of 16 positions
-              config_overrides={"max_sequence_length": 4096})
-    pages = llm.engine.allocator.num_pages
-    too_long = pages * llm.engine.allocator.page_size + 1
-    with pytest.raises(ContextLengthError, match="KV pages.*kv_cache_memory"):
-        llm.generate(prompt_token_ids=[[5] * 8], sampling_params=SamplingParams(
-            max_tokens=min(too_long, llm.engine.max_model_len - 8), cache="prefix"))
 
 
 def test_a_page_is_shared_while_it_is_being_written_and_forgotten_if_never_written():

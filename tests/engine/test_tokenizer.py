@@ -1,9 +1,10 @@
-"""Tokenizer, chat template (sandboxed) and the special tokens taken from the checkpoint."""
+"""The tokenizer (engine/tokenizer.py): special tokens and chat templates read from the checkpoint's
+files. The template sandbox: test_chat_template.py."""
 
 import json
-import time
 
 import pytest
+from helpers import with_template
 
 from dlm_backend import LLM
 from dlm_backend.engine.tokenizer import Tokenizer
@@ -34,35 +35,15 @@ def test_llama3_template_uses_bos_from_config(llada_chat):
     assert text.startswith("<|startoftext|><|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|>")
 
 
-def _with_template(folder, dream_chat, template=None):
-    """A checkpoint folder with dream_chat's tokenizer and the given chat template (or none)."""
-    (folder / "tokenizer.json").write_bytes((dream_chat / "tokenizer.json").read_bytes())
-    if template is not None:
-        (folder / "tokenizer_config.json").write_text(json.dumps({"chat_template": template}))
-    return Tokenizer(folder)
-
-
-def test_template_is_sandboxed(tmp_path, dream_chat):
-    tok = _with_template(tmp_path, dream_chat, "{{ messages.__class__.__mro__[1].__subclasses__() }}")
-    with pytest.raises(TokenizerError, match="unsafe"):
-        tok.apply_chat_template([{"role": "user", "content": "x"}])
-
-
-def test_template_raise_exception_is_a_clear_error(tmp_path, dream_chat):
-    template = "{% if messages[0]['role'] != 'user' %}{{ raise_exception('first must be user') }}{% endif %}"
-    with pytest.raises(TokenizerError, match="first must be user"):
-        _with_template(tmp_path, dream_chat, template).apply_chat_template([{"role": "assistant", "content": "x"}])
-
-
 def test_missing_template(tmp_path, dream_chat):
     with pytest.raises(TokenizerError, match="no chat template"):
-        _with_template(tmp_path, dream_chat).apply_chat_template([{"role": "user", "content": "x"}])
+        with_template(tmp_path, dream_chat).apply_chat_template([{"role": "user", "content": "x"}])
 
 
 def test_named_templates_pick_tool_use_when_tools_are_given(tmp_path, dream_chat):
     named = [{"name": "default", "template": "plain:{{ messages[0]['content'] }}"},
              {"name": "tool_use", "template": "tools:{{ tools[0]['function']['name'] }}:{{ messages[0]['content'] }}"}]
-    tok = _with_template(tmp_path, dream_chat, named)
+    tok = with_template(tmp_path, dream_chat, named)
     msgs = [{"role": "user", "content": "hi"}]
     assert tok.apply_chat_template(msgs) == "plain:hi" and tok.renders_tools
     assert tok.apply_chat_template(msgs, tools=[{"function": {"name": "f"}}]) == "tools:f:hi"
@@ -86,41 +67,3 @@ def test_a_corrupt_tokenizer_file_is_a_tokenizer_error(tmp_path, dream_chat):
     (tmp_path / "tokenizer_config.json").write_text("{")
     with pytest.raises(TokenizerError, match="do not load"):
         Tokenizer(tmp_path)
-
-
-_BIG = "{% set s = 'x' * 3900000 %}"
-_KEEP = "{% set ns = namespace(l=[]) %}{% for i in range(100000) %}{% set ns.l = ns.l + [ITEM] %}{% endfor %}"
-
-
-@pytest.mark.parametrize("template,match", [
-    # The audit's rows, each measured on the sandbox before ~, filters and calls were bounded:
-    ("{% set s = 'ab' %}" + "{% set s = s ~ s %}" * 33, "joined string of over 4000000"),         # 3.4 GB
-    ("{{ ([1] * 100000)|join(' ' * 4000) }}", "joined string of over 4000000"),                  # 400 MB, OK
-    ("{{ ([1] * 1000000)|join(' ' * 4000) }}", "repetition of 1 x 1000000"),                     # 4 GB, OK
-    ("{% set s = 'x' * 2000000 %}{{ s|wordwrap(1)|wordwrap(1)|wordwrap(1) }}", "No filter named 'wordwrap'"),  # 58 s
-    ("{{ lipsum(n=200000) }}", "lipsum"),                                                        # 11 s
-    ("{% macro f(s, n) %}{% if n %}{{ f(s ~ s, n - 1) }}{% endif %}{% endmacro %}{{ f('x', 40) }}",
-     "joined string"),                                                                           # 4.4 GB, 5.7 s
-    # ... and their kin:
-    ("{% set s = 'ab' %}" + "{% set s = s + s %}" * 33, "sum of 2097152"),
-    (_BIG + "{{ [s] * 100000 }}", "text of a list"),                            # str() of the list: 390 GB
-    (_BIG + _KEEP.replace("ITEM", "s ~ i"), "characters in all"),                              # 4 MB kept per step
-    (_BIG + _KEEP.replace("ITEM", "s[i:]"), "characters in all"),                              # slices copied unseen
-    ("{% set l = [1] * 100000 %}{% for a in l %}{% for b in l %}{% endfor %}{% endfor %}", "took over 2 s"),
-    ("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", "nests macro or loop calls over 64"),
-    ("{{ (1).to_bytes(10**9, 'big') }}", "unsafe.*to_bytes"),                   # 1 GB before its size was seen
-    ("{{ ('a' * 4000000).translate({97: 'x' * 4000000}) }}", "unsafe.*translate"),
-    ("{{ (' ' * 4000).join(['a'] * 100000) }}", "joined string"),
-    ("{{ ('a ' * 2000000).split()|length }}", "split into over 100000"),
-    ("{% set x = 7 %}" + "{% set x = x * x %}" * 40, "over 16384 bits"),
-    ("{{ ('\n' * 3000000)|indent(4000) }}", "indent of 4000"),
-    ("{{ ('ab ' * 1300000)|title }}", "at most 65536"),                          # 2.5 s in one call
-    ("{{ 'x' }}" * 8000, "over the sandbox's 65536"),                           # 256 KB compiled in 6 s
-    ("{% for a in b %}" * 30 + "{% endfor %}" * 30, "does not compile.*nested blocks"),  # a raw SyntaxError
-])
-def test_template_work_and_memory_are_bounded(tmp_path, dream_chat, template, match):
-    tok = _with_template(tmp_path, dream_chat, template)
-    t = time.perf_counter()
-    with pytest.raises(TokenizerError, match=match):
-        tok.apply_chat_template([{"role": "user", "content": "x"}])
-    assert time.perf_counter() - t < 4

@@ -16,8 +16,7 @@ uvicorn = pytest.importorskip("uvicorn")
 from dlm_backend.server import create_app  # noqa: E402
 from dlm_backend.server.config import ServerConfig  # noqa: E402
 from dlm_backend.server.connections import GuardedH11Protocol  # noqa: E402
-from dlm_backend.server.loadgen import free_port  # noqa: E402
-from helpers import serve_in_thread  # noqa: E402
+from helpers import free_port, serve_in_thread  # noqa: E402
 
 
 def test_dns_rebinding_host_names_are_refused_without_a_key(dream_chat):

@@ -17,17 +17,19 @@ import contextlib
 import http.server
 import json
 import os
+import socket
+import sys
 import threading
 import time
-
-import socket
+from pathlib import Path
 
 import pytest
 
 pytest.importorskip("fastapi", reason="install the [server] extra")
 httpx = pytest.importorskip("httpx")
 
-from dlm_backend.server.loadgen import free_port, launch  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from loadgen import free_port, launch  # noqa: E402  (benchmarks/loadgen.py)
 
 CHAT = "/v1/chat/completions"
 HI = [{"role": "user", "content": "hi"}]

@@ -10,6 +10,8 @@ Runs on the embedded dlm-tiny when it is shipped, else on the tiny test checkpoi
 from __future__ import annotations
 
 import asyncio
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -17,7 +19,8 @@ pytest.importorskip("fastapi", reason="install the [server] extra")
 httpx = pytest.importorskip("httpx")
 
 from dlm_backend.engine.loader import EMBEDDED_MODEL  # noqa: E402
-from dlm_backend.server.loadgen import chat_once, launch  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from loadgen import chat_once, launch  # noqa: E402  (benchmarks/loadgen.py)
 
 CLIENTS = 64
 PROMPTS = [

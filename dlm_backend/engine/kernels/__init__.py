@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import os
+
 import torch
 
 from dlm_backend.errors import DLMError
@@ -30,7 +31,12 @@ def triton_available() -> bool:
     return True
 
 
-def _interpreting() -> bool:
+@functools.cache
+def interpreting() -> bool:
+    """Whether Triton runs kernels through its CPU interpreter (``TRITON_INTERPRET=1``).
+
+    Read from the environment once, on first use: Triton itself decides it when a kernel is defined,
+    so a later change would not switch the kernels over anyway, and the launchers ask per launch."""
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
@@ -52,10 +58,10 @@ def resolve_kernels(mode: str, device: torch.device | str) -> bool:
     if not triton_available():
         raise DLMError("DLM_KERNELS=triton but Triton is not importable; install it with "
                        "`pip install -e .[triton]`, or set DLM_KERNELS=auto to use the torch path.")
-    if not is_cuda and not _interpreting():
+    if not is_cuda and not interpreting():
         raise DLMError("DLM_KERNELS=triton on a CPU device needs Triton's interpreter: set TRITON_INTERPRET=1 "
                        "before starting Python (slow; meant for tests), or set DLM_KERNELS=auto.")
     return True
 
 
-__all__ = ["MODES", "resolve_kernels", "triton_available"]
+__all__ = ["MODES", "interpreting", "resolve_kernels", "triton_available"]

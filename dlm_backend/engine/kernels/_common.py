@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from dlm_backend.engine.kernels import interpreting
+
 
 def next_pow2(n: int) -> int:
     """Smallest power of two >= n (tile sizes in Triton must be powers of two)."""
@@ -13,13 +15,6 @@ def next_pow2(n: int) -> int:
 def is_fp32(t: torch.Tensor) -> bool:
     """fp32 inputs ask tl.dot for IEEE products (Triton defaults to TF32 on GPU)."""
     return t.dtype == torch.float32
-
-
-def interpreting() -> bool:
-    """Whether Triton runs kernels through its CPU interpreter (TRITON_INTERPRET=1)."""
-    import os
-
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 def dot_upcast(t: torch.Tensor) -> bool:

@@ -3,7 +3,7 @@
 Per block the masked count m is spread over S passes (``m // S`` each, one more for the first
 ``m % S``); each pass commits that many of the block's masked slots with the highest confidence
 (softmax probability of the predicted token in the model dtype, or uniform noise for ``random``).
-Greedy output is token-exact to the reference sampler (tests/test_parity.py).
+Greedy output is token-exact to the reference sampler (tests/parity/test_parity.py).
 """
 
 from __future__ import annotations

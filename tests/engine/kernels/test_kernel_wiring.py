@@ -11,7 +11,8 @@ from dlm_backend.engine.kv import KVPool
 from dlm_backend.engine.layers.paged_attention import PagedBatch
 from dlm_backend.engine.graphs import BlockGraphs, bucket_for
 from dlm_backend.engine.config import EngineConfig
-from dlm_backend.engine.kernels import resolve_kernels
+from dlm_backend.engine.kernels import interpreting, resolve_kernels
+from dlm_backend.engine.kernels._common import dot_upcast
 from dlm_backend.engine.layers import ForwardContext, PackedAttention, Segment, forward_context
 from dlm_backend.errors import DLMError
 
@@ -20,12 +21,29 @@ PROMPT = json.loads((PARITY / "llada-tiny" / "cases.json").read_text())["cases"]
 FAMILIES = ["llada-tiny", "dream-tiny"]
 
 
-def test_dispatch_modes(monkeypatch):
+@pytest.fixture
+def interpret_env(monkeypatch):
+    """Sets TRITON_INTERPRET and forgets the cached answer; the process's own answer is restored after."""
+    def set_to(value: str):
+        monkeypatch.setenv("TRITON_INTERPRET", value)
+        interpreting.cache_clear()
+
+    yield set_to
+    monkeypatch.undo()
+    interpreting.cache_clear()
+
+
+def test_dispatch_modes(monkeypatch, interpret_env):
     assert resolve_kernels("torch", "cpu") is False
     assert resolve_kernels("auto", "cpu") is False
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    interpret_env("1")
     assert resolve_kernels("triton", "cpu") is True
-    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    bf16 = torch.zeros(1, dtype=torch.bfloat16)
+    assert dot_upcast(bf16) and not dot_upcast(bf16.float())        # the interpreter's bf16 dot workaround
+    monkeypatch.setenv("TRITON_INTERPRET", "0")                     # read once: a later change is not seen
+    assert resolve_kernels("triton", "cpu") is True and dot_upcast(bf16)
+    interpret_env("0")
+    assert not dot_upcast(bf16)
     with pytest.raises(DLMError, match="TRITON_INTERPRET=1"):
         resolve_kernels("triton", "cpu")
     with pytest.raises(DLMError, match="auto, triton, torch"):

@@ -1,4 +1,5 @@
-"""A small OpenAI-API load generator, shared by the load test and the serving benchmark.
+"""A small OpenAI-API load generator, shared by the serving benchmark and the server's load and
+hostile-request tests (they put ``benchmarks/`` on ``sys.path``; it is not part of the package).
 
 ``launch`` starts ``dlm serve`` as a separate process on a free loopback port (the server's event
 loop and the clients must not share a GIL when measuring); ``chat_once`` sends one chat request,

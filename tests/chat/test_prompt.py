@@ -1,10 +1,12 @@
-"""A prompt that cannot fit is refused by its length, before it is tokenized; the bound is sound."""
+"""Prompts (chat/prompt.py): messages through the checkpoint's chat template, tools written in for a
+template that has none, and a prompt that cannot fit refused by its length before it is tokenized."""
 
 from __future__ import annotations
 
 import random
 
 import pytest
+from chat_cases import WEATHER
 
 from dlm_backend.chat import ChatRequest, Plan
 from dlm_backend.chat.prompt import COMPOSITION, check_length, longest_token
@@ -51,3 +53,28 @@ def test_the_length_bound_never_refuses_a_prompt_that_fits(llms):
             check_length(tok, text, tokens, "the test's limit")          # the exact count always passes
         with pytest.raises(ContextLengthError):
             check_length(tok, "x" * (100 * longest * COMPOSITION + 1), 100, "the test's limit")
+
+
+def test_template_without_tools_gets_a_tool_prompt(llada_chat):
+    llm = LLM(str(llada_chat))
+    plan = Plan(llm, ChatRequest([{"role": "user", "content": "weather?"}], tools=[WEATHER]))
+    text = llm.tokenizer.decode(plan.prompt_ids, skip_special_tokens=False)
+    assert "get_weather" in text and "<tool_call>" in text
+
+
+def test_template_without_tools_keeps_the_tool_turns(llada_chat):
+    """An agent's second turn on LLaDA: its own call and the result must reach the prompt as text."""
+    llm = LLM(str(llada_chat))
+    messages = [{"role": "system", "content": "Be brief."},
+                {"role": "user", "content": "weather in Oslo?"},
+                {"role": "assistant", "content": "", "tool_calls": [
+                    {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]},
+                {"role": "tool", "tool_call_id": "c1", "content": "sunny, 21 C"}]
+    for tools in ([WEATHER], None):         # frameworks may drop the tools on the turn after the result
+        text = llm.tokenizer.decode(Plan(llm, ChatRequest(messages, tools=tools)).prompt_ids,
+                                    skip_special_tokens=False)
+        assert text.count("system<|end_header_id|>") == 1 and "Be brief." in text
+        assert ("You can call these tools" in text) == bool(tools)
+        assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>' in text
+        assert "user<|end_header_id|>\n\n<tool_response>\nsunny, 21 C\n</tool_response>" in text
+        assert "tool<|end_header_id|>" not in text

@@ -1,0 +1,52 @@
+"""A front door's call arguments (chat/options.py): knobs layered over the checkpoint's defaults,
+misspellings named, and the OpenAI fields a diffusion engine does not serve refused, not dropped.
+How the layers meet a real checkpoint's defaults: tests/engine/test_checkpoint_defaults.py."""
+
+from types import SimpleNamespace
+
+import pytest
+
+from dlm_backend.chat import UNSUPPORTED, refuse_unsupported, request_params
+from dlm_backend.errors import DLMError, SamplingParamsError
+
+
+def engine_with_defaults(**defaults):
+    """What request_params reads of an LLM: its engine's decoding defaults."""
+    return SimpleNamespace(engine=SimpleNamespace(sampling_defaults=defaults))
+
+
+def test_later_layers_win_and_aliases_name_their_knob():
+    llm = engine_with_defaults(sampler="threshold", threshold=0.8, block_length=4)
+    p = request_params(llm, {"max_new_tokens": 5, "threshold": 0.7}, {"threshold": 0.6, "block_length": None})
+    assert (p.max_tokens, p.threshold, p.block_length, p.sampler) == (5, 0.6, 4, "threshold")   # None: unset
+    p = request_params(llm, {"kv_cache": "prefix", "sampler": "llada"})
+    assert (p.cache, p.sampler, p.threshold, p.block_length) == ("prefix", "llada", 0.9, None)  # defaults dropped
+
+
+def test_a_misspelled_knob_names_the_nearest_and_where_it_was_given():
+    llm = engine_with_defaults()
+    with pytest.raises(SamplingParamsError, match="Unknown body field 'thresold'. Did you mean 'threshold'") as err:
+        request_params(llm, {"thresold": 0.5}, where="body")
+    assert err.value.param == "thresold"
+    with pytest.raises(SamplingParamsError, match="Did you mean 'kv_cache'"):
+        request_params(llm, {"cache": "prefix"}, taken=("cache",))             # the framework owns 'cache'
+
+
+@pytest.mark.parametrize("fields", [{"n": 1}, {"n": None}, {"logprobs": False}, {"presence_penalty": 0},
+                                    {"modalities": ["text"]}, {"temperature": 0.3}])
+def test_neutral_values_of_unserved_fields_pass(fields):
+    refuse_unsupported(fields)
+
+
+@pytest.mark.parametrize("fields,param,says", [
+    ({"n": 2}, "n", "send the requests separately"),
+    ({"n": True}, "n", "n=True"),                       # True == 1, but it is not a count
+    ({"logprobs": 0}, "logprobs", "no per-token log-probabilities"),
+    ({"logit_bias": {"5": 10}}, "logit_bias", "not applied"),
+    ({"functions": [{"name": "f"}]}, "functions", "pass tools"),
+])
+def test_unserved_fields_are_refused_naming_the_field(fields, param, says):
+    with pytest.raises(DLMError, match=says) as err:
+        refuse_unsupported(fields)
+    assert err.value.param == param and f"Drop {param}" in str(err.value)
+    assert param in UNSUPPORTED

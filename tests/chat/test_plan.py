@@ -1,0 +1,122 @@
+"""The plan of an answer (chat/plan.py): forced calls, the passes a request takes, and answers that
+miss their schema sampled again."""
+
+import json
+
+import pytest
+from chat_cases import LIST_SCHEMA, PERSON, PERSON_TOOL, TIME, WEATHER, WEATHER_SCHEMA
+
+from dlm_backend import LLM, DLMError, SamplingParams
+from dlm_backend.chat import ChatRequest, Plan, complete, stream
+from dlm_backend.chat.plan import Call
+
+
+KYOTO = [{"role": "user", "content": "What's the weather in Kyoto?"}]
+
+
+GREEDY = SamplingParams(sampler="llada", max_tokens=64, block_length=32, steps=64)
+
+
+def test_forced_tool_choice_writes_the_whole_call(dream_chat):
+    """A forced tool with templatable parameters is a skeleton: an untrained model's call parses."""
+    llm = LLM(str(dream_chat))
+    nested = {"type": "function", "function": {"name": "plan", "parameters": {
+        "type": "object", "properties": {"stops": {"type": "array", "items": {"type": "string"}}}}}}
+    cases = (("get_time", [WEATHER, TIME], "llada"), ("get_weather", [WEATHER, TIME], "threshold"),
+             ("any", [PERSON_TOOL], "llada"), ("any", [WEATHER, TIME], "threshold"))
+    for choice, tools, sampler in cases:
+        req = ChatRequest([{"role": "user", "content": "weather?"}],
+                          SamplingParams(sampler=sampler, max_tokens=160, block_length=32, cache="dual"),
+                          tools=tools, tool_choice=choice)
+        result = complete(llm, req)
+        name = choice if choice != "any" else ("set_person" if len(tools) == 1 else result.tool_calls[0]["function"]["name"])
+        assert name in [t["function"]["name"] for t in tools]
+        assert result.output.text.startswith(f'<tool_call>\n{{"name": "{name}", "arguments": {{')
+        assert result.finish_reason == "tool_calls" and result.content == ""
+        [call] = result.tool_calls
+        args = json.loads(call["function"]["arguments"])
+        assert call["function"]["name"] == name
+        expected = {"get_time": set(), "get_weather": {"city"}, "set_person": set(PERSON["properties"])}[name]
+        assert set(args) == expected and all(isinstance(v, str) for k, v in args.items() if k in ("city", "name"))
+    # parameters that cannot be templated: the call head is written and the model finishes it
+    plan = Plan(llm, ChatRequest([{"role": "user", "content": "x"}], SamplingParams(max_tokens=64),
+                                 tools=[nested], tool_choice="plan"))
+    assert isinstance(plan.shape, Call) and plan.shape.plan is None
+    assert llm.tokenizer.decode(plan.template) == '<tool_call>\n{"name": "plan", "arguments":'
+
+
+def test_forced_tool_call_that_cannot_fit_says_so(dream_chat):
+    llm = LLM(str(dream_chat))
+    req = ChatRequest([{"role": "user", "content": "x"}], SamplingParams(max_tokens=16, block_length=8),
+                      tools=[PERSON_TOOL], tool_choice="set_person")
+    with pytest.raises(DLMError, match="forced tool call needs .* raise max_tokens"):
+        complete(llm, req)
+
+
+def test_json_that_misses_its_schema_is_sampled_again(dream_chat, monkeypatch):
+    """Generate-and-validate: the untrained model never writes a valid answer, so every attempt runs."""
+    llm = LLM(str(dream_chat))
+    seen = []
+    generate = llm.generate
+    monkeypatch.setattr(llm, "generate", lambda *a, **k: (seen.append(k["sampling_params"]), generate(*a, **k))[1])
+    fmt = {"type": "json_schema", "json_schema": {"name": "l", "schema": LIST_SCHEMA}}
+    result = complete(llm, ChatRequest([{"role": "user", "content": "cities"}], SamplingParams(max_tokens=24),
+                                       response_format=fmt))
+    assert result.parsed is None and result.content
+    assert [(p.temperature, p.seed) for p in seen] == [(0.0, None), (0.7, 1), (0.7, 2)]
+    outs = [result.output, *result.earlier]                  # usage and passes count every attempt
+    assert len(outs) == 3 and result.num_forward_passes == sum(o.num_forward_passes for o in outs)
+    assert result.usage["completion_tokens"] == sum(len(o.token_ids) for o in outs)
+    assert result.usage["prompt_tokens"] == 3 * len(result.output.prompt_token_ids)
+    seen.clear()
+    templated = {"type": "json_schema", "json_schema": {"name": "c", "schema": {
+        "type": "object", "properties": {"city": {"type": "string"}}}}}
+    assert complete(llm, ChatRequest([{"role": "user", "content": "city"}], SamplingParams(max_tokens=24),
+                                     response_format=templated)).parsed is not None
+    assert len(seen) == 1                                    # a skeleton always parses: one pass of the canvas
+
+
+def test_tools_with_a_schema_may_call_a_tool_first():
+    """OpenAI's rule for tools plus response_format (LangChain's create_agent with a response_format
+    sends both): the model may call a tool; the schema shapes the reply that calls none. The schema's
+    skeleton used to be laid over every reply, so no call could ever be written."""
+    llm = LLM()                      # dlm-tiny: calls get_weather for this prompt
+    for run in (complete, lambda llm, req: [d.result for d in stream(llm, req) if d.result][0]):
+        result = run(llm, ChatRequest(KYOTO, GREEDY, tools=[WEATHER], response_format=WEATHER_SCHEMA))
+        assert [c["function"]["name"] for c in result.tool_calls] == ["get_weather"], result.output.text
+        assert result.parsed is None and result.earlier == []
+
+
+def test_tools_with_a_schema_answer_in_the_schema_when_no_tool_is_called(dream_chat):
+    llm = LLM(str(dream_chat))       # random weights: it writes no well-formed call
+    request = ChatRequest([{"role": "user", "content": "hi"}], SamplingParams(max_tokens=48, block_length=16),
+                          tools=[WEATHER], response_format=WEATHER_SCHEMA)
+    for result in (complete(llm, request), [d.result for d in stream(llm, request) if d.result][0]):
+        assert result.tool_calls == [] and list(result.parsed) == ["city", "summary"]
+        assert json.loads(result.content) == result.parsed
+        assert len(result.earlier) == 1            # the free pass that called nothing is billed too
+
+
+def test_a_skeleton_answer_that_breaks_the_schema_is_not_returned_as_parsed(dream_chat):
+    """Bounds and patterns are not in the skeleton: a slot left at 0 against minimum 18 was returned
+    as parsed. Now it is checked, sampled again like generated JSON, and reported as None."""
+    from dlm_backend.chat.structured import validates
+    schema = {"type": "object", "properties": {"age": {"type": "integer", "minimum": 18, "maximum": 30},
+                                               "code": {"type": "string", "pattern": "^[A-Z]{3}$"}}}
+    fmt = {"type": "json_schema", "json_schema": {"name": "p", "schema": schema}}
+    result = complete(LLM(str(dream_chat)), ChatRequest([{"role": "user", "content": "A person."}],
+                                                        SamplingParams(max_tokens=48), response_format=fmt))
+    assert result.parsed is None and len(result.earlier) == 2       # random weights cannot meet it
+    assert not validates(schema, json.loads(result.content))       # and the content says why
+
+
+def test_a_forced_call_without_a_skeleton_is_sampled_again_when_it_misses(dream_chat):
+    """Array parameters have no skeleton: a call with argument names the tool does not have (or no
+    call) came back as the answer to a forced tool_choice. It is now checked and sampled again."""
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"cities": {"type": "array", "items": {"type": "string"}}},
+        "required": ["cities"], "additionalProperties": False}}}
+    result = complete(LLM(str(dream_chat)), ChatRequest([{"role": "user", "content": "Paris?"}],
+                                                        SamplingParams(max_tokens=48), tools=[tool],
+                                                        tool_choice="required"))
+    assert len(result.earlier) == 2 and result.tool_calls == []   # random weights: three misses, none passed off
