@@ -136,13 +136,11 @@ class PackedAttention:
 
 def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None,
          scale: float | None = None) -> torch.Tensor:
-    """The torch reference of every attention here: q [B, Hq, M, D], k/v [B, Hkv, L, D] (grouped-query
-    heads expanded), optional bool ``mask`` broadcastable to [B, Hq, M, L] -> [B, Hq, M, D];
-    ``scale`` None is 1/sqrt(D)."""
-    n_rep = q.shape[1] // k.shape[1]
-    if n_rep > 1:
-        k, v = k.repeat_interleave(n_rep, dim=1), v.repeat_interleave(n_rep, dim=1)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=False, scale=scale)
+    """The torch reference of every attention here: q [B, Hq, M, D], k/v [B, Hkv, L, D] (each key
+    head shared by Hq / Hkv query heads), optional bool ``mask`` broadcastable to [B, Hq, M, L] ->
+    [B, Hq, M, D]; ``scale`` None is 1/sqrt(D)."""
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=False, scale=scale,
+                                          enable_gqa=q.shape[1] != k.shape[1])
 
 
 def ranged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor,

@@ -29,12 +29,20 @@ def routed_experts(x: torch.Tensor, topk_idx: torch.Tensor, topk_weight: torch.T
     """
     act = ACTIVATIONS[activation]
     out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)             # [T, D]
-    flat = topk_idx.reshape(-1)
-    for e in torch.unique(flat).tolist():
-        token, slot = (topk_idx == e).nonzero(as_tuple=True)                     # this expert's rows
+    k = topk_idx.shape[1]
+    order = topk_idx.reshape(-1).argsort(stable=True)                           # assignments grouped by expert
+    expert_of = topk_idx.reshape(-1)[order]
+    counts = torch.bincount(expert_of, minlength=gate.shape[0]).tolist()        # one host sync a layer
+    token_of, weight_of = order // k, topk_weight.reshape(-1)[order]
+    start = 0
+    for e, n in enumerate(counts):
+        if n == 0:
+            continue
+        token, w = token_of[start:start + n], weight_of[start:start + n]        # this expert's rows
         h = x[token]                                                              # [n, D]
         y = F.linear(act(F.linear(h, gate[e])) * F.linear(h, up[e]), down[e])   # [n, D]
-        out.index_add_(0, token, y.float() * topk_weight[token, slot, None].float())
+        out.index_add_(0, token, y.float() * w[:, None].float())
+        start += n
     return out.to(x.dtype)
 
 

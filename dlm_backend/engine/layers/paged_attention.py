@@ -12,6 +12,8 @@ block-diffusion families).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from dlm_backend.engine.layers.attention import sdpa
@@ -24,11 +26,56 @@ def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: t
     v_cache.view(-1, *v_cache.shape[2:])[slots] = v
 
 
-def gather_kv(cache: torch.Tensor, pages: torch.Tensor, length: int) -> torch.Tensor:
-    """One sequence's keys (or values) at positions ``0 .. length`` from its pages: [length, Hkv, D]."""
-    page_size = cache.shape[1]
+def gather_kv(cache: torch.Tensor, pages: torch.Tensor | slice, length: int) -> torch.Tensor:
+    """One sequence's keys (or values) at positions ``0 .. length``: [length, Hkv, D]. ``pages`` are its
+    first ``ceil(length / page_size)`` pages, an index tensor, or a slice when they follow one another
+    in the pool (the usual case: a request's own pages are allocated together), read without a copy."""
+    rows = cache[pages] if isinstance(pages, slice) else cache.index_select(0, pages)
+    return rows.reshape(-1, *cache.shape[2:])[:length]
+
+
+def page_run(pages: list[int], length: int, page_size: int, device) -> torch.Tensor | slice:
+    """The pages holding positions ``0 .. length`` as :func:`gather_kv` reads them."""
     n = -(-length // page_size)
-    return cache[pages[:n].long()].reshape(-1, *cache.shape[2:])[:length]
+    first = pages[0]
+    if pages[n - 1] - first == n - 1 and pages[:n] == list(range(first, first + n)):
+        return slice(first, first + n)
+    return torch.tensor(pages[:n], dtype=torch.long, device=device)
+
+
+@dataclass
+class SequencePlan:
+    """One sequence's part of a paged attention call: the same for every layer of a forward."""
+
+    rows: slice
+    pages: torch.Tensor | slice
+    length: int
+    mask: torch.Tensor | None       # [q, length] bool, None: every key
+
+
+def plan_sequences(cu_q: list[int], q_start: list[int], kv_len: list[int], page_table: list[list[int]],
+                   causal_block: list[int], page_size: int, device) -> list[SequencePlan]:
+    plans = []
+    for b, length in enumerate(kv_len):
+        mask = None
+        if causal_block[b]:
+            qpos = torch.arange(q_start[b], q_start[b] + cu_q[b + 1] - cu_q[b], device=device)
+            kpos = torch.arange(length, device=device)
+            mask = (kpos[None, :] // causal_block[b]) <= (qpos[:, None] // causal_block[b])      # [q, L]
+        plans.append(SequencePlan(slice(cu_q[b], cu_q[b + 1]), page_run(page_table[b], length, page_size, device),
+                                  length, mask))
+    return plans
+
+
+def paged_attention_plans(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plans: list[SequencePlan],
+                          scale: float | None = None) -> torch.Tensor:
+    """:func:`paged_attention_ref` over plans made once per forward (:func:`plan_sequences`)."""
+    out = torch.empty_like(q)
+    for p in plans:
+        keys = gather_kv(k_cache, p.pages, p.length).transpose(0, 1)                  # [Hkv, L, D]
+        values = gather_kv(v_cache, p.pages, p.length).transpose(0, 1)
+        out[p.rows] = sdpa(q[p.rows].transpose(0, 1)[None], keys[None], values[None], p.mask, scale)[0].transpose(0, 1)
+    return out
 
 
 def paged_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cu_q: torch.Tensor,
@@ -39,19 +86,9 @@ def paged_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
     q: [T, Hq, D]; k_cache, v_cache: [P, S, Hkv, D]; cu_q: [B+1]; q_start, kv_len, causal_block: [B];
     page_table: [B, max_pages] int32 (all int tensors are read on the host here).
     """
-    out = torch.empty_like(q)
-    cu, starts, lens, blocks = cu_q.tolist(), q_start.tolist(), kv_len.tolist(), causal_block.tolist()
-    for b in range(len(lens)):
-        rows = slice(cu[b], cu[b + 1])
-        keys = gather_kv(k_cache, page_table[b], lens[b]).transpose(0, 1)            # [Hkv, L, D]
-        values = gather_kv(v_cache, page_table[b], lens[b]).transpose(0, 1)
-        mask = None
-        if blocks[b]:
-            qpos = torch.arange(starts[b], starts[b] + cu[b + 1] - cu[b], device=q.device)
-            kpos = torch.arange(lens[b], device=q.device)
-            mask = (kpos[None, :] // blocks[b]) <= (qpos[:, None] // blocks[b])       # [q, L]
-        out[rows] = sdpa(q[rows].transpose(0, 1)[None], keys[None], values[None], mask, scale)[0].transpose(0, 1)
-    return out
+    plans = plan_sequences(cu_q.tolist(), q_start.tolist(), kv_len.tolist(), page_table.tolist(),
+                           causal_block.tolist(), k_cache.shape[1], q.device)
+    return paged_attention_plans(q, k_cache, v_cache, plans, scale)
 
 
 class PagedBatch:
@@ -79,6 +116,7 @@ class PagedBatch:
         self.page_table = _i32([p + [0] * (width - len(p)) for p in pages] or [[0]], device)
         self.causal_block = _i32(blocks, device)
         self.max_q = max((cu_q[b + 1] - cu_q[b] for b in range(len(blocks))), default=0)
+        self.pages, self.plans = pages, None
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
         from dlm_backend.engine.layers.attention import triton_enabled
@@ -94,6 +132,8 @@ class PagedBatch:
                 out[:n] = paged_attention(q[:n], kc, vc, self.cu_q, self.q_start, self.kv_len, self.page_table,
                                           self.causal_block, self.max_q, self.scale)
             else:
-                cu, starts, lens, blocks = (torch.tensor(x) for x in self.host)
-                out[:n] = paged_attention_ref(q[:n], kc, vc, cu, starts, lens, self.page_table, blocks, self.scale)
+                if self.plans is None:                 # the same for every layer: made at the first
+                    cu, starts, lens, blocks = self.host
+                    self.plans = plan_sequences(cu, starts, lens, self.pages, blocks, kc.shape[1], q.device)
+                out[:n] = paged_attention_plans(q[:n], kc, vc, self.plans, self.scale)
         return out
