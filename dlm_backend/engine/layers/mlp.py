@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from dlm_backend.engine.layers.attention import triton_enabled
 
@@ -20,3 +21,17 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:  # [T, I] each
 
         return swiglu_kernel(gate, up)
     return silu_mul(gate, up)
+
+
+class GatedMLP(nn.Module):
+    """The SwiGLU block of the Llama-style families, with their checkpoint names: ``gate_proj`` and
+    ``up_proj`` [width, hidden], ``down_proj`` [hidden, width], no biases."""
+
+    def __init__(self, hidden: int, width: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, width, bias=False)
+        self.up_proj = nn.Linear(hidden, width, bias=False)
+        self.down_proj = nn.Linear(width, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:           # [T, hidden]
+        return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x)))

@@ -10,7 +10,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from dlm_backend.engine.layers import RMSNorm, attention, rotate_qk, swiglu
+from dlm_backend.engine.layers import RMSNorm, attention, rotate_qk
+from dlm_backend.engine.layers.mlp import GatedMLP
 from dlm_backend.engine.models.base import DiffusionLM, ModelArgs
 from dlm_backend.engine.models.config import MAX_HEADS, MAX_LAYERS, MAX_POSITIONS, MAX_VOCAB, ConfigReader
 
@@ -40,24 +41,13 @@ class DreamAttention(nn.Module):
         return self.o_proj(attention(q, k, v, self.layer).reshape(x.shape[0], -1))
 
 
-class DreamMLP(nn.Module):
-    def __init__(self, args: ModelArgs):
-        super().__init__()
-        self.gate_proj = nn.Linear(args.hidden_size, args.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(args.hidden_size, args.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(args.intermediate_size, args.hidden_size, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x)))
-
-
 class DreamLayer(nn.Module):
     def __init__(self, args: ModelArgs, layer: int):
         super().__init__()
         self.input_layernorm = RMSNorm(args.hidden_size, args.norm_eps)
         self.self_attn = DreamAttention(args, layer)
         self.post_attention_layernorm = RMSNorm(args.hidden_size, args.norm_eps)
-        self.mlp = DreamMLP(args)
+        self.mlp = GatedMLP(args.hidden_size, args.intermediate_size)
 
     def forward(self, x, residual, cos, sin):
         """(previous layer's output, residual stream or None) -> (this layer's output, stream); the

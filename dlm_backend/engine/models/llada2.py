@@ -20,7 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dlm_backend.engine.layers import RMSNorm, attention, rotate_qk, swiglu
+from dlm_backend.engine.layers import RMSNorm, attention, rotate_qk
+from dlm_backend.engine.layers.mlp import GatedMLP
 from dlm_backend.engine.layers.moe import experts as run_experts
 from dlm_backend.engine.layers.routers import StackedExperts, grouped_sigmoid_topk, stacked_expert_name
 from dlm_backend.engine.models.base import DiffusionLM, ModelArgs
@@ -75,19 +76,6 @@ class LLaDA2MoeAttention(nn.Module):
         return self.dense(attention(q, k, v, self.layer).reshape(T, -1))
 
 
-class LLaDA2MoeMLP(nn.Module):
-    """SwiGLU: the dense layers, and the shared expert (``mlp.shared_experts``)."""
-
-    def __init__(self, hidden: int, width: int):
-        super().__init__()
-        self.gate_proj = nn.Linear(hidden, width, bias=False)
-        self.up_proj = nn.Linear(hidden, width, bias=False)
-        self.down_proj = nn.Linear(width, hidden, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x)))
-
-
 class LLaDA2MoeGate(nn.Module):
     """The fp32 router: ``forward(x [T, D]) -> (topk_idx [T, k], topk_weight [T, k], logits [T, E])``.
 
@@ -116,7 +104,7 @@ class LLaDA2MoeSparseMoeBlock(nn.Module):
         super().__init__()
         self.gate = LLaDA2MoeGate(args, moe)
         self.experts = StackedExperts(moe.num_experts, args.hidden_size, moe.moe_intermediate_size)
-        self.shared_experts = (LLaDA2MoeMLP(args.hidden_size, moe.shared_intermediate_size)
+        self.shared_experts = (GatedMLP(args.hidden_size, moe.shared_intermediate_size)
                                if moe.shared_intermediate_size else None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:               # x: [T, D]
@@ -137,7 +125,7 @@ class LLaDA2MoeDecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(args.hidden_size, args.norm_eps)
         self.attention = LLaDA2MoeAttention(args, moe, layer)
         self.post_attention_layernorm = RMSNorm(args.hidden_size, args.norm_eps)
-        self.mlp = (LLaDA2MoeMLP(args.hidden_size, args.intermediate_size) if layer < moe.first_k_dense_replace
+        self.mlp = (GatedMLP(args.hidden_size, args.intermediate_size) if layer < moe.first_k_dense_replace
                     else LLaDA2MoeSparseMoeBlock(args, moe))
 
     def forward(self, x, residual, cos, sin):

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from dlm_backend.engine.layers import RMSNorm, attention, rotate_qk, swiglu
+from dlm_backend.engine.layers import RMSNorm, attention, rotate_qk
+from dlm_backend.engine.layers.mlp import GatedMLP
 from dlm_backend.engine.layers.moe import experts as run_experts
 from dlm_backend.engine.layers.routers import StackedExperts, softmax_topk, stacked_expert_name
 from dlm_backend.engine.models.base import DiffusionLM, ModelArgs
@@ -64,19 +65,6 @@ class SDARAttention(nn.Module):
         return self.o_proj(attention(q, k, v, self.layer).reshape(T, -1))
 
 
-class SDARMLP(nn.Module):
-    """SwiGLU: the dense layers, and a Qwen2-MoE-style shared expert where a config has one."""
-
-    def __init__(self, hidden: int, width: int):
-        super().__init__()
-        self.gate_proj = nn.Linear(hidden, width, bias=False)
-        self.up_proj = nn.Linear(hidden, width, bias=False)
-        self.down_proj = nn.Linear(width, hidden, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x)))
-
-
 class SDARMoeSparseMoeBlock(nn.Module):
     """Qwen3-MoE block: softmax top-k router ``gate``, stacked ``experts``; optionally Qwen2-MoE's
     ``shared_expert`` scaled by ``sigmoid(shared_expert_gate(x))``."""
@@ -88,7 +76,7 @@ class SDARMoeSparseMoeBlock(nn.Module):
         self.experts = StackedExperts(moe.num_experts, args.hidden_size, moe.moe_intermediate_size)
         self.shared_expert = self.shared_expert_gate = None
         if moe.shared_expert_intermediate_size:
-            self.shared_expert = SDARMLP(args.hidden_size, moe.shared_expert_intermediate_size)
+            self.shared_expert = GatedMLP(args.hidden_size, moe.shared_expert_intermediate_size)
             self.shared_expert_gate = nn.Linear(args.hidden_size, 1, bias=False)
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -115,7 +103,7 @@ class SDARDecoderLayer(nn.Module):
         self.self_attn = SDARAttention(args, layer, bias)
         self.post_attention_layernorm = RMSNorm(args.hidden_size, args.norm_eps)
         self.mlp = (SDARMoeSparseMoeBlock(args, moe) if moe is not None and moe.sparse(layer)
-                    else SDARMLP(args.hidden_size, args.intermediate_size))
+                    else GatedMLP(args.hidden_size, args.intermediate_size))
 
     def forward(self, x, residual, cos, sin):
         """(previous layer's output, residual stream or None) -> (this layer's output, stream)."""

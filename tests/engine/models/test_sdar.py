@@ -14,7 +14,8 @@ from safetensors.torch import load_file, save_file
 from dlm_backend.engine.layers import ForwardContext, PackedAttention, Segment, forward_context
 from dlm_backend.engine.loader import read_config
 from dlm_backend.engine.models.registry import supported_architectures
-from dlm_backend.engine.models.sdar import SDARForCausalLM, SDARMLP, SDARMoeForCausalLM, SDARMoeSparseMoeBlock
+from dlm_backend.engine.layers.mlp import GatedMLP
+from dlm_backend.engine.models.sdar import SDARForCausalLM, SDARMoeForCausalLM, SDARMoeSparseMoeBlock
 from dlm_backend.engine.weights import load_model
 from dlm_backend.parity.forward import PagedRun
 from dlm_backend.errors import CheckpointError
@@ -149,7 +150,7 @@ def test_moe_block_matches_dense_reference(tmp_path, fields):
     model = load(folder)
     assert isinstance(model, SDARMoeForCausalLM)
     kinds = [type(layer.mlp) for layer in model.model.layers]
-    assert kinds == [SDARMoeSparseMoeBlock, SDARMLP, SDARMoeSparseMoeBlock]     # mlp_only_layers = [1]
+    assert kinds == [SDARMoeSparseMoeBlock, GatedMLP, SDARMoeSparseMoeBlock]     # mlp_only_layers = [1]
     x = torch.randn(40, D, generator=torch.Generator().manual_seed(1))
     for i in (0, 2):
         with torch.no_grad():
