@@ -1,75 +1,121 @@
 """Running a chat request: to the end (complete) or as events (stream), for sync and async callers.
 
 What to run is decided once, by :meth:`Plan.passes`; these four functions only run the passes it
-yields, with the engine's sync or async calls, and turn a streamed pass into events.
+yields, with the engine's sync or async calls, and turn a streamed pass into events. A ``timeout``
+(seconds, or a front door's :class:`Deadline` that began with its call) bounds all of a request's
+passes together.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from contextlib import aclosing
 from typing import AsyncIterator, Iterator
 
 from dlm_backend.chat.messages import ChatDelta, ChatRequest, ChatResult
 from dlm_backend.chat.plan import Call, Json, Plan
 from dlm_backend.chat.tool_calls import CLOSE, OPEN
+from dlm_backend.errors import RequestTimeoutError
 
 
-def complete(llm, request: ChatRequest, plan: Plan | None = None) -> ChatResult:
+class Deadline:
+    """A request's ``timeout`` in seconds (None: none) from now, as the time each step has left."""
+
+    def __init__(self, timeout: float | None):
+        self.timeout = timeout
+        self._end = None if timeout is None else time.monotonic() + timeout
+
+    @classmethod
+    def of(cls, timeout: "float | Deadline | None") -> "Deadline":
+        return timeout if isinstance(timeout, Deadline) else cls(timeout)
+
+    def left(self) -> float | None:
+        """Seconds left (None without a timeout); a RequestTimeoutError once none are."""
+        if self._end is None:
+            return None
+        rest = self._end - time.monotonic()
+        if rest <= 0:
+            raise self.expired()
+        return rest
+
+    def expired(self) -> RequestTimeoutError:
+        return RequestTimeoutError(f"The request did not finish within its timeout of {self.timeout:.3g} s; "
+                                   "it was aborted and its engine slot freed.")
+
+    # ``with deadline:`` names the whole request's timeout in a pass's RequestTimeoutError
+    def __enter__(self) -> "Deadline":
+        return self
+
+    def __exit__(self, kind, exc, tb) -> None:
+        if isinstance(exc, RequestTimeoutError) and self.timeout is not None:
+            raise self.expired() from None
+
+
+def complete(llm, request: ChatRequest, plan: Plan | None = None, timeout: float | Deadline | None = None) -> ChatResult:
     """Run one chat request to the end (``plan``: the request already planned)."""
+    deadline = Deadline.of(timeout)
     plan = plan or Plan(llm, request)
     passes, out = plan.passes(), None
-    while (step := passes.next(out)) is not None:
-        out = llm.generate(prompt_token_ids=[plan.prompt_ids], sampling_params=step.params,
-                           response_template=step.template)[0]
+    with deadline:
+        while (step := passes.next(out)) is not None:
+            out = llm.generate(prompt_token_ids=[plan.prompt_ids], sampling_params=step.params,
+                               response_template=step.template, timeout=deadline.left())[0]
     return passes.result
 
 
-async def acomplete(llm, request: ChatRequest, plan: Plan | None = None) -> ChatResult:
-    """``complete`` without blocking the event loop (reading an answer, JSON validation included,
-    runs in a worker thread)."""
-    plan = plan or Plan(llm, request)
+async def acomplete(llm, request: ChatRequest, plan: Plan | None = None, timeout: float | Deadline | None = None) -> ChatResult:
+    """``complete`` without blocking the event loop (planning, and reading an answer with JSON
+    validation, run in a worker thread)."""
+    deadline = Deadline.of(timeout)
+    plan = plan or await asyncio.to_thread(Plan, llm, request)
     passes, out = plan.passes(), None
-    while (step := await asyncio.to_thread(passes.next, out)) is not None:
-        out = (await llm.agenerate(prompt_token_ids=[plan.prompt_ids], sampling_params=step.params,
-                                   response_template=step.template))[0]
+    with deadline:
+        while (step := await asyncio.to_thread(passes.next, out)) is not None:
+            out = (await llm.agenerate(prompt_token_ids=[plan.prompt_ids], sampling_params=step.params,
+                                       response_template=step.template, timeout=deadline.left()))[0]
     return passes.result
 
 
-def stream(llm, request: ChatRequest, plan: Plan | None = None) -> Iterator[ChatDelta]:
+def stream(llm, request: ChatRequest, plan: Plan | None = None, timeout: float | Deadline | None = None) -> Iterator[ChatDelta]:
     """Content as it is committed, tool calls once complete, then the final result."""
+    deadline = Deadline.of(timeout)
     plan = plan or Plan(llm, request)
     passes, out, events = plan.passes(stream=True), None, None
-    while (step := passes.next(out)) is not None:
-        if not step.streamed:
-            out = llm.generate(prompt_token_ids=[plan.prompt_ids], sampling_params=step.params,
-                               response_template=step.template)[0]
-            continue
-        events = _Splitter(plan)
-        for chunk in llm.stream(prompt_token_ids=plan.prompt_ids, sampling_params=step.params,
-                                response_template=step.template):
-            yield from events.feed(chunk.delta_text)
-            out = chunk.output
+    with deadline:
+        while (step := passes.next(out)) is not None:
+            if not step.streamed:
+                out = llm.generate(prompt_token_ids=[plan.prompt_ids], sampling_params=step.params,
+                                   response_template=step.template, timeout=deadline.left())[0]
+                continue
+            events = _Splitter(plan)
+            for chunk in llm.stream(prompt_token_ids=plan.prompt_ids, sampling_params=step.params,
+                                    response_template=step.template, timeout=deadline.left()):
+                yield from events.feed(chunk.delta_text)
+                out = chunk.output
     yield from _closing(events, passes.result)
 
 
-async def astream(llm, request: ChatRequest, plan: Plan | None = None) -> AsyncIterator[ChatDelta]:
+async def astream(llm, request: ChatRequest, plan: Plan | None = None,
+                  timeout: float | Deadline | None = None) -> AsyncIterator[ChatDelta]:
     """``stream`` without blocking the event loop."""
-    plan = plan or Plan(llm, request)
+    deadline = Deadline.of(timeout)
+    plan = plan or await asyncio.to_thread(Plan, llm, request)
     passes, out, events = plan.passes(stream=True), None, None
-    while (step := await asyncio.to_thread(passes.next, out)) is not None:
-        if not step.streamed:
-            out = (await llm.agenerate(prompt_token_ids=[plan.prompt_ids], sampling_params=step.params,
-                                       response_template=step.template))[0]
-            continue
-        events = _Splitter(plan)
-        chunks = llm.astream(prompt_token_ids=plan.prompt_ids, sampling_params=step.params,
-                             response_template=step.template)
-        async with aclosing(chunks):          # closed early (client gone): the request is aborted
-            async for chunk in chunks:
-                for event in events.feed(chunk.delta_text):
-                    yield event
-                out = chunk.output
+    with deadline:
+        while (step := await asyncio.to_thread(passes.next, out)) is not None:
+            if not step.streamed:
+                out = (await llm.agenerate(prompt_token_ids=[plan.prompt_ids], sampling_params=step.params,
+                                           response_template=step.template, timeout=deadline.left()))[0]
+                continue
+            events = _Splitter(plan)
+            chunks = llm.astream(prompt_token_ids=plan.prompt_ids, sampling_params=step.params,
+                                 response_template=step.template, timeout=deadline.left())
+            async with aclosing(chunks):          # closed early (client gone): the request is aborted
+                async for chunk in chunks:
+                    for event in events.feed(chunk.delta_text):
+                        yield event
+                    out = chunk.output
     for event in _closing(events, passes.result):
         yield event
 
