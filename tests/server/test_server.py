@@ -194,6 +194,20 @@ def test_unknown_misspelled_and_unserved_fields_are_400s_naming_the_field(client
     assert set(err.value.body) == {"message", "type", "param", "code"}
 
 
+@pytest.mark.parametrize("kwargs,param", [
+    ({"max_tokens": 0}, "max_tokens"), ({"n": 2}, "n"), ({"logprobs": True}, "logprobs"), ({"top_p": 2}, "top_p"),
+    ({"messages": []}, "messages"), ({"max_tokens": 10**6}, "max_tokens"), ({"temperature": 5}, "temperature"),
+])
+def test_refusals_are_openais_error_shape(client, kwargs, param):
+    """The cases the issue listed, as the openai client reads them: its BadRequestError, with the
+    four keys OpenAI's body has and ``param`` naming the field (the body had two keys before)."""
+    request = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, **kwargs}
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(**request)
+    assert err.value.status_code == 400 and err.value.param == param and err.value.type == "invalid_request_error"
+    assert set(err.value.body) == {"message", "type", "param", "code"}
+
+
 def test_neutral_openai_fields_pass_and_an_unknown_model_is_a_404(client):
     hi = [{"role": "user", "content": "hi"}]
     r = client.chat.completions.create(model="tiny", messages=hi, max_tokens=4, presence_penalty=0,
