@@ -58,7 +58,7 @@ class ChatDLM(create_model("_ChatDLMKnobs", __base__=BaseChatModel, **knob_field
     stop: list[str] | None = Field(default=None, alias="stop_sequences")
     streaming: bool = False
     timeout: float | None = None
-    """Seconds a call may take (the first call's weight load included); then it is aborted."""
+    """Seconds a call may take, a first call's weight load included; past it the call raises."""
     max_retries: int = 0
     api_key: str | None = None
     """Accepted for interface compatibility; a local engine needs no key."""
@@ -84,12 +84,8 @@ class ChatDLM(create_model("_ChatDLMKnobs", __base__=BaseChatModel, **knob_field
 
     @property
     def model_name(self) -> str:
-        """The model's readable name ("dlm-tiny", a hub id, a folder's name), as LangSmith shows it."""
+        """The model as it was named (a folder or hub id), "dlm-tiny" for the embedded one (not its path)."""
         return display_name(self.model)
-
-    @property
-    def _model_path(self) -> str:
-        return self.model or default_model()
 
     @property
     def _knobs(self) -> dict[str, Any]:
@@ -99,7 +95,7 @@ class ChatDLM(create_model("_ChatDLMKnobs", __base__=BaseChatModel, **knob_field
     @property
     def _identifying_params(self) -> dict[str, Any]:
         # LangChain's response cache keys on these (its own "stop" key is the per-call one).
-        return {"model": self._model_path, **self._knobs, "stop_sequences": self.stop}
+        return {"model": self.model or default_model(), **self._knobs, "stop_sequences": self.stop}
 
     def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
         params = super()._get_ls_params(stop=stop, **kwargs)
@@ -113,22 +109,23 @@ class ChatDLM(create_model("_ChatDLMKnobs", __base__=BaseChatModel, **knob_field
     def _resolve_model_profile(self):
         profile = {"tool_calling": True, "tool_choice": True, "tool_call_streaming": True,
                    "structured_output": True, "text_inputs": True, "text_outputs": True}
-        if Path(self._model_path).is_dir():       # a hub id's window is known once it is fetched, not here
+        path = self.model or default_model()
+        if Path(path).is_dir():                  # a hub id's window is known once it is fetched, not here
             try:
                 # prompt and canvas share the window: either may take nearly all of it
-                profile["max_input_tokens"] = profile["max_output_tokens"] = context_length(self._model_path)
+                profile["max_input_tokens"] = profile["max_output_tokens"] = context_length(path)
             except (DLMError, KeyError, ValueError):
                 pass                          # a broken config.json is reported when the model loads
         return profile
 
     def get_token_ids(self, text: str) -> list[int]:
         """``text`` in the model's own tokens (its tokenizer alone is read: no weights load)."""
-        return model_tokenizer(self.model, self._handles).encode(text)
+        return model_tokenizer(self.model, self._handles, self.device).encode(text)
 
     def get_num_tokens_from_messages(self, messages: list[BaseMessage], tools=None) -> int:
         """The tokens these messages (and tools) take as a prompt, chat template included: what the
         reply's ``usage_metadata["input_tokens"]`` reports for them (trim_messages counts with it)."""
-        return chat.count_prompt_tokens(model_tokenizer(self.model, self._handles),
+        return chat.count_prompt_tokens(model_tokenizer(self.model, self._handles, self.device),
                                         convert_to_openai_messages(messages),
                                         [convert_to_openai_tool(t) for t in tools or []] or None)
 
