@@ -103,3 +103,28 @@ def test_an_answer_with_no_room_for_its_values_still_parses_and_bills_nothing_tw
                                        response_format=fmt))
     assert result.finish_reason == "length" and json.loads(result.content) == {"text": ""}
     assert result.parsed is None and result.usage["completion_tokens"] == 0     # three attempts, no pass run
+
+
+@pytest.mark.parametrize("family", ["dream", "llada"])
+def test_strings_of_1_to_65_tokens_and_numbers_of_1_to_12_digits(tmp_path, dream_chat, llada_chat, family):
+    """Around every length a value's pass may end at: a token, the 32-token pass, two passes."""
+    chat_folder = {"dream": dream_chat, "llada": llada_chat}[family]
+    llm = scripted_llm(tmp_path / "probe", chat_folder, family, {})
+    tok = llm.tokenizer
+    words = "one two three four five six seven eight nine ten eleven twelve thirteen".split() * 10
+    strings = {}
+    for n in (1, 2, 3, 4, 7, 8, 9, 15, 16, 17, 31, 32, 33, 47, 63, 64, 65):
+        text = " ".join(words[:n])
+        while len(tok.encode(text)) > n:                   # trim to exactly n tokens
+            text = text[:-1]
+        strings[f"s{n}"] = text
+    numbers = {f"n{d}": int("9876543210987"[:d]) for d in range(1, 13)}
+    answer = {**strings, **numbers}
+    assert {len(tok.encode(v)) for v in strings.values()} >= {1, 32, 33, 64, 65}
+    schema = {"type": "object", "properties": {**{k: {"type": "string"} for k in strings},
+                                               **{k: {"type": "integer"} for k in numbers}}}
+    llm = scripted_llm(tmp_path, chat_folder, family, answer)
+    params = SamplingParams(sampler="threshold", max_tokens=1024, block_length=16, cache="none", threshold=0.9)
+    result = complete(llm, ChatRequest([{"role": "user", "content": "x"}], params, response_format={
+        "type": "json_schema", "json_schema": {"name": "lengths", "schema": schema}}))
+    assert result.parsed == answer
