@@ -42,10 +42,13 @@ def _typed(obj, schema) -> bool:
 
 
 def json_rows(llm, cases, params):
-    rows = {"free": [0, 0], "response_format": [0, 0]}
+    rows = {"free": [0, 0, 0, 0.0], "response_format": [0, 0, 0, 0.0]}     # exact, valid, passes, seconds
     for e in cases:
         want, schema = e.expected["object"], e.expected["schema"]
-        free = chat.complete(llm, chat.ChatRequest(messages=e.messages, params=params)).content
+        start = time.perf_counter()
+        answer = chat.complete(llm, chat.ChatRequest(messages=e.messages, params=params))
+        rows["free"][2:] = [rows["free"][2] + answer.num_forward_passes, rows["free"][3] + time.perf_counter() - start]
+        free = answer.content
         try:
             got = json.loads(free)
         except ValueError:
@@ -53,7 +56,10 @@ def json_rows(llm, cases, params):
         rows["free"][0] += got == want and _typed(got, schema)
         rows["free"][1] += _typed(got, schema)
         fmt = {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}}
+        start = time.perf_counter()
         result = chat.complete(llm, chat.ChatRequest(messages=e.messages, params=params, response_format=fmt))
+        row = rows["response_format"]
+        row[2:] = [row[2] + result.num_forward_passes, row[3] + time.perf_counter() - start]
         got = json.loads(result.content) if result.parsed is not None else None
         rows["response_format"][0] += got == want and _typed(got, schema)
         rows["response_format"][1] += result.parsed is not None and _typed(result.parsed, schema)
@@ -61,12 +67,15 @@ def json_rows(llm, cases, params):
 
 
 def call_rows(llm, cases, params):
-    rows = {"free": [0, 0], "forced": [0, 0]}
+    rows = {"free": [0, 0, 0, 0.0], "forced": [0, 0, 0, 0.0]}
     for e in cases:
         want = e.expected
         for label, choice in (("free", None), ("forced", {"type": "function", "function": {"name": want["name"]}})):
+            start = time.perf_counter()
             result = chat.complete(llm, chat.ChatRequest(messages=e.messages, tools=e.tools, params=params,
                                                          tool_choice=choice))
+            rows[label][2:] = [rows[label][2] + result.num_forward_passes,
+                               rows[label][3] + time.perf_counter() - start]
             calls = result.tool_calls
             args = json.loads(calls[0]["function"]["arguments"]) if calls else None
             rows[label][0] += bool(calls) and calls[0]["function"]["name"] == want["name"] and args == want["arguments"]
@@ -88,12 +97,15 @@ def main() -> None:
         wall = time.perf_counter() - start
     print(f"model: {a.model or 'dlm-tiny'}; its decoding defaults ({params.sampler}, block {params.block_length}, "
           f"cache {params.cache}); {wall:.0f} s\n")
-    print(f"| held-out JSON prompts (n={len(json_cases)}) | exact | valid |\n|---|---|---|")
-    for label, (exact, valid) in jr.items():
-        print(f"| {label} | {exact}/{len(json_cases)} | {valid}/{len(json_cases)} |")
-    print(f"\n| held-out tool calls (n={len(call_cases)}) | name + arguments exact | right tool |\n|---|---|---|")
-    for label, (exact, named) in cr.items():
-        print(f"| {label} | {exact}/{len(call_cases)} | {named}/{len(call_cases)} |")
+    n = len(json_cases)
+    print(f"| held-out JSON prompts (n={n}) | exact | valid | passes / answer | s / answer |\n|---|---|---|---|---|")
+    for label, (exact, valid, passes, secs) in jr.items():
+        print(f"| {label} | {exact}/{n} | {valid}/{n} | {passes / n:.1f} | {secs / n:.2f} |")
+    n = len(call_cases)
+    print(f"\n| held-out tool calls (n={n}) | name + arguments exact | right tool | passes / answer | s / answer |"
+          "\n|---|---|---|---|---|")
+    for label, (exact, named, passes, secs) in cr.items():
+        print(f"| {label} | {exact}/{n} | {named}/{n} | {passes / n:.1f} | {secs / n:.2f} |")
 
 
 if __name__ == "__main__":
