@@ -3,8 +3,9 @@
 The answer has one :class:`Shape` at a time:
 
 * :class:`Free`: the model writes what it wants (tool calls are parsed out of it);
-* :class:`Json`: a JSON skeleton (or a ``{"`` prefix, validated afterwards) for ``response_format``;
-* :class:`Call`: a forced call to one tool, its arguments a skeleton when they can be templated;
+* :class:`Json`: the schema's JSON written key by key, each value by the model (chat/json_writer.py),
+  or, when the schema cannot be written that way, a ``{"`` prefix and validation afterwards;
+* :class:`Call`: a forced call to one tool, its arguments written the same way when they can be;
 * :class:`PickTool`: ``tool_choice`` "required" over several tools: a short name pass picks the
   tool, then the answer is that tool's :class:`Call`;
 * :class:`ToolsOrJson`: tools and a schema together (OpenAI's rule): a free pass may call a tool;
@@ -26,7 +27,8 @@ from typing import Generator
 from dlm_backend.chat.messages import ChatRequest, ChatResult
 from dlm_backend.chat.prompt import prompt_ids, prompt_limit
 from dlm_backend.chat.schema import Budget, validates
-from dlm_backend.chat.structured import JsonPlan, nearest, plan_json, plan_tool_call
+from dlm_backend.chat.json_writer import JsonWriter, Written
+from dlm_backend.chat.structured import JsonPlan, check_fits, nearest, plan_json, templatable
 from dlm_backend.chat.tool_calls import (CLOSE, NAME_HEAD, NAME_SLOTS, OPEN, normalize_tools,
                                          parse_tool_calls, tool_choice_name)
 from dlm_backend.engine.outputs import GenerationOutput
@@ -49,14 +51,17 @@ class Json:
 
     @property
     def template(self):
-        return self.plan.template
+        return None if self.plan.templated else self.plan.prefix
 
 
 @dataclass(frozen=True)
 class Call:
     name: str
-    plan: JsonPlan | None           # None: parameters with no skeleton; only the call's head is fixed
-    template: list
+    parameters: dict
+    head: str                       # the call up to its arguments
+    tail: str
+    template: list                  # the head's tokens: a call whose arguments are generated, then validated
+    written: bool                   # the arguments are written key by key
 
 
 @dataclass(frozen=True)
@@ -76,11 +81,13 @@ Shape = Free | Json | Call | PickTool | ToolsOrJson
 @dataclass(frozen=True)
 class Pass:
     """One generation the answer needs: its parameters, response template, and whether its text is
-    the streamed answer (the last pass of a stream)."""
+    the streamed answer (the last pass of a stream). ``settled`` is the answer's text decided before
+    this pass when the answer is written a value at a time (streamed as it grows)."""
 
     params: SamplingParams
     template: list | None
     streamed: bool = False
+    settled: str | None = None
 
 
 class Plan:
@@ -124,11 +131,13 @@ class Plan:
         return Free()
 
     def _call(self, name: str) -> Call:
-        """The forced call to tool ``name``: a skeleton when its parameters can be templated."""
+        """The forced call to tool ``name``: its arguments written key by key when they can be."""
         head = OPEN + "\n" + '{"name": ' + json.dumps(name) + ', "arguments": '
-        params = self._parameters(name)
-        plan = plan_tool_call(self.tokenizer, head, params, "}\n" + CLOSE, self.params.max_tokens)
-        return Call(name, plan, plan.template if plan else self.tokenizer.encode(head.rstrip()))
+        params, tail = self._parameters(name), "}\n" + CLOSE
+        written = not params.get("properties") or templatable(params)
+        if written and params.get("properties"):
+            check_fits(self.tokenizer, params, self.params.max_tokens, "The forced tool call", head, tail)
+        return Call(name, params, head, tail, self.tokenizer.encode(head.rstrip()), written)
 
     def _parameters(self, name: str) -> dict:
         return next(t["function"]["parameters"] for t in self.tools if t["function"]["name"] == name)
@@ -156,19 +165,57 @@ class Plan:
             spent.append(out)
             self.shape = Json(self.shape.plan)
         for params in self._attempts(stream):
-            out = yield Pass(params, self.shape.template, streamed=stream)
-            result = self.finish(out, self.shape, spent)
+            writer = self._writer()
+            if writer is not None:
+                out = yield from self._write(writer, params, spent)
+                result = self.finish_written(writer, out, spent)
+            else:
+                out = yield Pass(params, self.shape.template, streamed=stream)
+                result = self.finish(out, self.shape, spent)
             if not self._missed(result):
                 break
-            spent.append(out)
+            if out is not None:                         # an answer written without a pass spent none
+                spent.append(out)
         return result
 
+    def _writer(self) -> JsonWriter | None:
+        """The writer of an answer written key by key, None for one that is generated."""
+        shape, n = self.shape, self.params.max_tokens
+        if isinstance(shape, Json) and shape.plan.templated:
+            return JsonWriter(self.tokenizer, shape.plan.schema, n)
+        if isinstance(shape, Call) and shape.written:
+            schema = shape.parameters if shape.parameters.get("properties") else {"properties": {}}
+            return JsonWriter(self.tokenizer, schema, n, shape.head, shape.tail)
+        return None
+
+    def _write(self, writer: JsonWriter, params: SamplingParams, spent: list):
+        """Run a writer's passes: each value's pass ends at the value's closing delimiter (a stop
+        string past the answer so far); returns the last pass's output (None if it needed none)."""
+        steps, got, out = writer.steps(), None, None
+        while True:
+            try:
+                step = steps.send(got)
+            except StopIteration:
+                return out
+            if out is not None:
+                spent.append(out)
+            n = len(step.template) + step.room
+            value_params = params.replace(max_tokens=n, stop=step.stop, stop_token_ids=[], ignore_eos=False,
+                                          steps=min(params.steps, n) if params.steps else None)
+            out = yield Pass(value_params, step.template, settled=writer.settled)
+            fixed = len(self.tokenizer.decode(step.template))
+            got = Written((out.text or "")[fixed:], out.stop_reason if isinstance(out.stop_reason, str) else None,
+                          out.finish_reason == "length")
+            # Billed as what it is: the answer so far was read (prompt), the value written (completion).
+            out = dataclasses.replace(out, prompt_token_ids=out.prompt_token_ids + out.token_ids[:len(step.template)],
+                                      token_ids=out.token_ids[len(step.template):])
+
     def _attempts(self, stream: bool) -> list[SamplingParams]:
-        """The request's own params, then (generate-and-validate) fresh seeded samples for JSON or a
-        forced call without a skeleton: greedy decoding would only repeat a miss."""
+        """The request's own params, then (generate-and-validate) fresh seeded samples for JSON that
+        misses its schema or a forced call whose arguments miss its parameters: greedy decoding would
+        only repeat a miss. A streamed answer is not sampled again (its text went out)."""
         params = self.params
-        free_call = isinstance(self.shape, Call) and self.shape.plan is None
-        if stream or not (isinstance(self.shape, Json) or free_call):
+        if stream:
             return [params]
         seed = params.seed or 0
         return [params] + [params.replace(temperature=params.temperature or RESAMPLE_TEMPERATURE, seed=seed + i)
@@ -176,23 +223,32 @@ class Plan:
 
     def _missed(self, result: ChatResult) -> bool:
         """Whether the answer missed its schema (JSON that does not parse or validate, a forced call
-        without a skeleton that is missing or breaks its tool's parameters)."""
+        that is missing or breaks its tool's parameters)."""
         shape = self.shape
-        if isinstance(shape, Call) and shape.plan is None:
+        if isinstance(shape, Call):
             calls = result.tool_calls
             return not (calls and calls[0]["function"]["name"] == shape.name
-                        and validates(self._parameters(shape.name), json.loads(calls[0]["function"]["arguments"])))
+                        and validates(shape.parameters, json.loads(calls[0]["function"]["arguments"])))
         return isinstance(shape, Json) and result.parsed is None
+
+    def finish_written(self, writer: JsonWriter, output: GenerationOutput | None, spent: list) -> ChatResult:
+        """The answer a writer wrote: the JSON object, or the forced call with those arguments."""
+        # The answer's text is what the writer settled (the passes' outputs hold its pieces).
+        output = dataclasses.replace(output or _no_pass(self.prompt_ids), text=writer.settled)
+        reason = "length" if writer.cut else "stop"
+        if isinstance(self.shape, Call):
+            call = {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+                    "function": {"name": self.shape.name, "arguments": writer.text}}
+            return ChatResult("", [call], "tool_calls", output, earlier=list(spent))
+        parsed = writer.value if self.shape.plan.matches(writer.value) else None
+        return ChatResult(writer.text, [], reason, output, parsed, earlier=list(spent))
 
     def finish(self, output: GenerationOutput, shape: Shape, spent: list[GenerationOutput]) -> ChatResult:
         """Read one pass's output as the answer in ``shape``."""
         text = output.text or ""
         if isinstance(shape, Json):
-            parsed, content = shape.plan.parse(self.tokenizer, output.token_ids, text)
+            parsed, content = shape.plan.parse(text)
             return ChatResult(content, [], output.finish_reason, output, parsed, earlier=list(spent))
-        if isinstance(shape, Call) and shape.plan is not None:     # the skeleton holds the call
-            args = shape.plan.slot_values(self.tokenizer, output.token_ids) if shape.plan.slots else {}
-            content, calls, bad = "", [{"name": shape.name, "arguments": args}], []
         else:
             # A well-formed call to a tool that was not offered stays a call, as vLLM's parsers
             # return it: agents answer it ("not a valid tool, try one of ...") and the model retries.
@@ -218,3 +274,8 @@ class Passes:
         except StopIteration as stop:
             self.result = stop.value
             return None
+
+
+def _no_pass(prompt_ids: list[int]) -> GenerationOutput:
+    """The output of an answer written without a pass (a call with no arguments, constants only)."""
+    return GenerationOutput("written", list(prompt_ids), [], "", "stop", 0)

@@ -81,10 +81,11 @@ def stream(llm, request: ChatRequest, plan: Plan | None = None, timeout: float |
     """Content as it is committed, tool calls once complete, then the final result."""
     deadline = Deadline.of(timeout)
     plan = plan or Plan(llm, request)
-    passes, out, events = plan.passes(stream=True), None, None
+    passes, out, events, shown = plan.passes(stream=True), None, None, _Shown(plan)
     with deadline:
         while (step := passes.next(out)) is not None:
             if not step.streamed:
+                yield from shown.grow(step.settled)
                 out = llm.generate(prompt_token_ids=[plan.prompt_ids], sampling_params=step.params,
                                    response_template=step.template, timeout=deadline.left())[0]
                 continue
@@ -93,7 +94,8 @@ def stream(llm, request: ChatRequest, plan: Plan | None = None, timeout: float |
                                     response_template=step.template, timeout=deadline.left()):
                 yield from events.feed(chunk.delta_text)
                 out = chunk.output
-    yield from _closing(events, passes.result)
+    yield from shown.grow(passes.result.content if shown.json else None)
+    yield from _closing(events, passes.result, shown.text)
 
 
 async def astream(llm, request: ChatRequest, plan: Plan | None = None,
@@ -101,10 +103,12 @@ async def astream(llm, request: ChatRequest, plan: Plan | None = None,
     """``stream`` without blocking the event loop."""
     deadline = Deadline.of(timeout)
     plan = plan or await asyncio.to_thread(Plan, llm, request)
-    passes, out, events = plan.passes(stream=True), None, None
+    passes, out, events, shown = plan.passes(stream=True), None, None, _Shown(plan)
     with deadline:
         while (step := await asyncio.to_thread(passes.next, out)) is not None:
             if not step.streamed:
+                for event in shown.grow(step.settled):
+                    yield event
                 out = (await llm.agenerate(prompt_token_ids=[plan.prompt_ids], sampling_params=step.params,
                                            response_template=step.template, timeout=deadline.left()))[0]
                 continue
@@ -116,15 +120,33 @@ async def astream(llm, request: ChatRequest, plan: Plan | None = None,
                     for event in events.feed(chunk.delta_text):
                         yield event
                     out = chunk.output
-    for event in _closing(events, passes.result):
+    for event in shown.grow(passes.result.content if shown.json else None):
+        yield event
+    for event in _closing(events, passes.result, shown.text):
         yield event
 
 
-def _closing(events: "_Splitter | None", result: ChatResult) -> list[ChatDelta]:
-    """The events a stream ends with: the rest of a streamed answer, or a whole one that was not streamed."""
+class _Shown:
+    """Structured output streamed as it is written: each value's pass settles more of the JSON, and
+    the text settled so far (always a prefix of the answer) goes out as content."""
+
+    def __init__(self, plan: Plan):
+        self.json = isinstance(plan.shape, Json) and plan.shape.plan.templated
+        self.text = ""
+
+    def grow(self, settled: str | None) -> list[ChatDelta]:
+        if not self.json or settled is None or not settled.startswith(self.text) or settled == self.text:
+            return []
+        delta, self.text = settled[len(self.text):], settled
+        return [ChatDelta(content=delta)]
+
+
+def _closing(events: "_Splitter | None", result: ChatResult, shown: str = "") -> list[ChatDelta]:
+    """The events a stream ends with: the rest of a streamed answer, or a whole one that was not
+    streamed (``shown``: structured output already sent as it was written)."""
     if events is not None:
         return events.close(result)
-    whole = [ChatDelta(content=result.content)] if result.content else []
+    whole = [ChatDelta(content=result.content)] if result.content and not shown else []
     whole += [ChatDelta(tool_call=call, index=i) for i, call in enumerate(result.tool_calls)]
     return whole + [ChatDelta(result=result)]
 
@@ -137,7 +159,7 @@ class _Splitter:
         # Structured output and forced calls are read back from their skeleton at the end (close);
         # what the canvas holds around the slots is not content (a forced call has none).
         shape = plan.shape
-        self.quiet = isinstance(shape, Json) or (isinstance(shape, Call) and shape.plan is not None)
+        self.quiet = isinstance(shape, Json) or (isinstance(shape, Call) and shape.written)
         self.raw = plan.tools is not None and not self.quiet
 
     def feed(self, delta: str) -> list[ChatDelta]:

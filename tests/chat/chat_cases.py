@@ -22,3 +22,8 @@ LIST_SCHEMA = {"type": "object", "properties": {"cities": {"type": "array", "ite
 
 WEATHER_SCHEMA = {"type": "json_schema", "json_schema": {"name": "report", "schema": {
     "type": "object", "properties": {"city": {"type": "string"}, "summary": {"type": "string"}}}}}
+
+
+#: an array of objects: neither a response_format nor tool parameters can be written key by key
+STOPS_SCHEMA = {"type": "object", "properties": {"stops": {"type": "array", "items": {
+    "type": "object", "properties": {"city": {"type": "string"}}}}}, "required": ["stops"]}

@@ -4,7 +4,7 @@ miss their schema sampled again."""
 import json
 
 import pytest
-from chat_cases import LIST_SCHEMA, PERSON, PERSON_TOOL, TIME, WEATHER, WEATHER_SCHEMA
+from chat_cases import PERSON, PERSON_TOOL, STOPS_SCHEMA, TIME, WEATHER, WEATHER_SCHEMA
 
 from dlm_backend import LLM, DLMError, SamplingParams
 from dlm_backend.chat import ChatRequest, Plan, complete, stream
@@ -18,10 +18,9 @@ GREEDY = SamplingParams(sampler="llada", max_tokens=64, block_length=32, steps=6
 
 
 def test_forced_tool_choice_writes_the_whole_call(dream_chat):
-    """A forced tool with templatable parameters is a skeleton: an untrained model's call parses."""
+    """A forced tool whose parameters can be written key by key: an untrained model's call parses."""
     llm = LLM(str(dream_chat))
-    nested = {"type": "function", "function": {"name": "plan", "parameters": {
-        "type": "object", "properties": {"stops": {"type": "array", "items": {"type": "string"}}}}}}
+    nested = {"type": "function", "function": {"name": "plan", "parameters": STOPS_SCHEMA}}
     cases = (("get_time", [WEATHER, TIME], "llada"), ("get_weather", [WEATHER, TIME], "threshold"),
              ("any", [PERSON_TOOL], "llada"), ("any", [WEATHER, TIME], "threshold"))
     for choice, tools, sampler in cases:
@@ -38,10 +37,10 @@ def test_forced_tool_choice_writes_the_whole_call(dream_chat):
         assert call["function"]["name"] == name
         expected = {"get_time": set(), "get_weather": {"city"}, "set_person": set(PERSON["properties"])}[name]
         assert set(args) == expected and all(isinstance(v, str) for k, v in args.items() if k in ("city", "name"))
-    # parameters that cannot be templated: the call head is written and the model finishes it
+    # parameters that cannot be written key by key: the call head is written and the model finishes it
     plan = Plan(llm, ChatRequest([{"role": "user", "content": "x"}], SamplingParams(max_tokens=64),
                                  tools=[nested], tool_choice="plan"))
-    assert isinstance(plan.shape, Call) and plan.shape.plan is None
+    assert isinstance(plan.shape, Call) and not plan.shape.written
     assert llm.tokenizer.decode(plan.template) == '<tool_call>\n{"name": "plan", "arguments":'
 
 
@@ -59,7 +58,7 @@ def test_json_that_misses_its_schema_is_sampled_again(dream_chat, monkeypatch):
     seen = []
     generate = llm.generate
     monkeypatch.setattr(llm, "generate", lambda *a, **k: (seen.append(k["sampling_params"]), generate(*a, **k))[1])
-    fmt = {"type": "json_schema", "json_schema": {"name": "l", "schema": LIST_SCHEMA}}
+    fmt = {"type": "json_schema", "json_schema": {"name": "l", "schema": STOPS_SCHEMA}}
     result = complete(llm, ChatRequest([{"role": "user", "content": "cities"}], SamplingParams(max_tokens=24),
                                        response_format=fmt))
     assert result.parsed is None and result.content
@@ -73,7 +72,7 @@ def test_json_that_misses_its_schema_is_sampled_again(dream_chat, monkeypatch):
         "type": "object", "properties": {"city": {"type": "string"}}}}}
     assert complete(llm, ChatRequest([{"role": "user", "content": "city"}], SamplingParams(max_tokens=24),
                                      response_format=templated)).parsed is not None
-    assert len(seen) == 1                                    # a skeleton always parses: one pass of the canvas
+    assert len(seen) == 1                                    # written key by key it always parses: one value, one pass
 
 
 def test_tools_with_a_schema_may_call_a_tool_first():
@@ -97,25 +96,26 @@ def test_tools_with_a_schema_answer_in_the_schema_when_no_tool_is_called(dream_c
         assert len(result.earlier) == 1            # the free pass that called nothing is billed too
 
 
-def test_a_skeleton_answer_that_breaks_the_schema_is_not_returned_as_parsed(dream_chat):
-    """Bounds and patterns are not in the skeleton: a slot left at 0 against minimum 18 was returned
-    as parsed. Now it is checked, sampled again like generated JSON, and reported as None."""
+def test_a_written_answer_that_breaks_the_schema_is_not_returned_as_parsed(dream_chat):
+    """Bounds and patterns are not in the keys: an age written as 0 against minimum 18 was returned
+    as parsed. It is checked, sampled again like generated JSON, and reported as None."""
     from dlm_backend.chat.structured import validates
     schema = {"type": "object", "properties": {"age": {"type": "integer", "minimum": 18, "maximum": 30},
                                                "code": {"type": "string", "pattern": "^[A-Z]{3}$"}}}
     fmt = {"type": "json_schema", "json_schema": {"name": "p", "schema": schema}}
     result = complete(LLM(str(dream_chat)), ChatRequest([{"role": "user", "content": "A person."}],
                                                         SamplingParams(max_tokens=48), response_format=fmt))
-    assert result.parsed is None and len(result.earlier) == 2       # random weights cannot meet it
+    # random weights cannot meet it: three attempts of two values, a pass a value
+    assert result.parsed is None and len(result.earlier) == 3 * 2 - 1
     assert not validates(schema, json.loads(result.content))       # and the content says why
 
 
-def test_a_forced_call_without_a_skeleton_is_sampled_again_when_it_misses(dream_chat):
-    """Array parameters have no skeleton: a call with argument names the tool does not have (or no
-    call) came back as the answer to a forced tool_choice. It is now checked and sampled again."""
+def test_a_forced_call_that_is_generated_is_sampled_again_when_it_misses(dream_chat):
+    """Parameters holding an array of objects are generated: a call with argument names the tool
+    does not have (or no call) came back as the answer to a forced tool_choice. It is now checked and
+    sampled again."""
     tool = {"type": "function", "function": {"name": "get_weather", "parameters": {
-        "type": "object", "properties": {"cities": {"type": "array", "items": {"type": "string"}}},
-        "required": ["cities"], "additionalProperties": False}}}
+        **STOPS_SCHEMA, "additionalProperties": False}}}
     result = complete(LLM(str(dream_chat)), ChatRequest([{"role": "user", "content": "Paris?"}],
                                                         SamplingParams(max_tokens=48), tools=[tool],
                                                         tool_choice="required"))

@@ -1,10 +1,10 @@
-"""Structured output (chat/structured.py): the JSON skeleton written into the canvas, and JSON
-without one validated against its schema."""
+"""Structured output (chat/structured.py): which schemas are written key by key, and JSON that is
+generated validated against its schema."""
 
 import json
 
 import pytest
-from chat_cases import LIST_SCHEMA, PERSON
+from chat_cases import LIST_SCHEMA, PERSON, STOPS_SCHEMA
 
 from dlm_backend import LLM, DLMError, SamplingParams
 from dlm_backend.chat import ChatRequest, complete, stream
@@ -29,15 +29,15 @@ def test_json_skeleton_always_matches_the_schema(dream_chat):
         assert json.loads(result.content) == obj
 
 
-def test_json_skeleton_fixes_keys_in_the_canvas(dream_chat):
+def test_which_schemas_are_written_key_by_key(dream_chat):
     tok = LLM(str(dream_chat)).tokenizer
-    plan = plan_json(tok, {"type": "json_schema", "json_schema": {"schema": PERSON}}, 128)
-    fixed = tok.decode([t for t in plan.template if t is not None])
-    assert fixed.startswith('{"name": "') and '", "age":' in fixed and fixed.endswith('"}')
+    for schema in (PERSON, LIST_SCHEMA, {"type": "object", "properties": {"p": PERSON, "n": {"type": "null"}}}):
+        plan = plan_json(tok, {"type": "json_schema", "json_schema": {"schema": schema}}, 128)
+        assert plan.templated and plan.prefix == []
     with pytest.raises(DLMError, match="raise max_tokens"):
         plan_json(tok, {"type": "json_schema", "json_schema": {"schema": PERSON}}, 10)
-    nested = {"type": "object", "properties": {"a": {"type": "array"}}}
-    assert plan_json(tok, {"type": "json_schema", "json_schema": {"schema": nested}}, 64).slots == []
+    generated = plan_json(tok, {"type": "json_schema", "json_schema": {"schema": STOPS_SCHEMA}}, 64)
+    assert not generated.templated and tok.decode(generated.prefix) == '{"'
 
 
 def test_optional_properties_are_templated_as_their_type(dream_chat):
@@ -76,14 +76,14 @@ def test_an_optional_enum_listing_null_is_templated_and_a_mixed_enum_is_validate
 
 def test_json_without_skeleton_is_validated_against_the_schema(dream_chat):
     llm = LLM(str(dream_chat))
-    plan = plan_json(llm.tokenizer, {"type": "json_schema", "json_schema": {"name": "l", "schema": LIST_SCHEMA}}, 32)
-    assert not plan.slots
-    assert plan.parse(llm.tokenizer, [], 'Sure: {"cities": ["Oslo", "Kyoto"]}') == (
-        {"cities": ["Oslo", "Kyoto"]}, 'Sure: {"cities": ["Oslo", "Kyoto"]}')
-    assert plan.parse(llm.tokenizer, [], '{"cities": "Oslo"}')[0] is None          # parses, misses the schema
-    assert plan.parse(llm.tokenizer, [], '{"cities": [')[0] is None
+    plan = plan_json(llm.tokenizer, {"type": "json_schema", "json_schema": {"name": "l", "schema": STOPS_SCHEMA}}, 32)
+    assert not plan.templated
+    assert plan.parse('Sure: {"stops": [{"city": "Oslo"}]}') == (
+        {"stops": [{"city": "Oslo"}]}, 'Sure: {"stops": [{"city": "Oslo"}]}')
+    assert plan.parse('{"stops": "Oslo"}')[0] is None          # parses, misses the schema
+    assert plan.parse('{"stops": [')[0] is None
     loose = plan_json(llm.tokenizer, {"type": "json_object"}, 32)
-    assert loose.parse(llm.tokenizer, [], '{"any": 1}')[0] == {"any": 1}
+    assert loose.parse('{"any": 1}')[0] == {"any": 1}
     with pytest.raises(DLMError, match="not a valid JSON schema: 'two' is not of type 'integer'"):
         plan_json(llm.tokenizer, {"type": "json_schema", "json_schema": {"name": "x", "schema": {
             "type": "object", "properties": {"a": {"type": "array", "minItems": "two"}}}}}, 32)
