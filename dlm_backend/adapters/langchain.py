@@ -188,9 +188,9 @@ class ChatDLM(create_model("_ChatDLMKnobs", __base__=BaseChatModel, **knob_field
             msg = AIMessageChunk(content="", usage_metadata=_usage(delta.result), additional_kwargs=_parsed(delta.result),
                                  response_metadata=_metadata(delta.result, model), chunk_position="last")
         elif delta.tool_call is not None:
-            fn = delta.tool_call["function"]
-            msg = AIMessageChunk(content="", tool_call_chunks=[{"name": fn["name"], "args": fn["arguments"],
-                                                                 "id": delta.tool_call["id"], "index": delta.index,
+            fn = delta.tool_call["function"]          # a continuation chunk has argument text only
+            msg = AIMessageChunk(content="", tool_call_chunks=[{"name": fn.get("name"), "args": fn["arguments"],
+                                                                 "id": delta.tool_call.get("id"), "index": delta.index,
                                                                  "type": "tool_call_chunk"}])
         else:
             msg = AIMessageChunk(content=delta.content)

@@ -124,8 +124,8 @@ def _chunk(delta: chat.ChatDelta) -> GenericStreamingChunk:
     chunk: GenericStreamingChunk = {"text": delta.content, "is_finished": False, "finish_reason": "",
                                     "usage": None, "index": 0, "tool_use": None}
     if delta.tool_call is not None:
-        chunk["tool_use"] = {"id": delta.tool_call["id"], "type": "function", "index": delta.index,
-                             "function": dict(delta.tool_call["function"])}
+        chunk["tool_use"] = {"id": delta.tool_call.get("id"), "type": "function", "index": delta.index,
+                             "function": {"name": None, **delta.tool_call["function"]}}
     if delta.result is not None:
         u = delta.result.usage
         chunk.update(is_finished=True, finish_reason=delta.result.finish_reason,

@@ -28,6 +28,7 @@ from dlm_backend.adapters.common import (KNOB_FIELDS, Handles, check_knob_values
                                          knob_fields, model_tokenizer, off_loop)
 from dlm_backend.engine.loader import context_length, default_model
 from dlm_backend.engine.params import DEFAULTS, FRAMEWORK_TAKEN
+from dlm_backend.adapters.llamaindex_stream import Accumulator, overflow, partial_kwargs
 from dlm_backend.errors import ContextLengthError, DLMError
 
 #: Keyword arguments LlamaIndex passes besides knobs (chat_with_tools, structured_predict).
@@ -121,7 +122,7 @@ class DLM(create_model("_DLMKnobs", __base__=FunctionCallingLLM, **knob_fields(F
         try:
             yield
         except ContextLengthError as exc:
-            raise _overflow(exc, self) from None
+            raise overflow(exc, self) from None
 
     def _deadline(self, kwargs: dict) -> chat.Deadline:
         return chat.Deadline(kwargs.pop("timeout", self.timeout))
@@ -159,7 +160,7 @@ class DLM(create_model("_DLMKnobs", __base__=FunctionCallingLLM, **knob_fields(F
         plan = self._request(messages, kwargs)
 
         def gen() -> ChatResponseGen:
-            accumulate = _Accumulator()
+            accumulate = Accumulator(DLM._response)
             with self._explained():
                 for delta in chat.stream(plan.llm, plan.request, plan, timeout=deadline):
                     if (response := accumulate(delta)) is not None:
@@ -172,7 +173,7 @@ class DLM(create_model("_DLMKnobs", __base__=FunctionCallingLLM, **knob_fields(F
         plan = await off_loop(deadline, self._request, messages, kwargs)
 
         async def gen() -> ChatResponseAsyncGen:
-            accumulate = _Accumulator()
+            accumulate = Accumulator(DLM._response)
             with self._explained():
                 async for delta in chat.astream(plan.llm, plan.request, plan, timeout=deadline):
                     if (response := accumulate(delta)) is not None:
@@ -204,6 +205,24 @@ class DLM(create_model("_DLMKnobs", __base__=FunctionCallingLLM, **knob_fields(F
                 yield CompletionResponse(text=r.message.content or "", delta=r.delta, raw=r.raw)
         return gen()
 
+    # -- structured output -----------------------------------------------------------------------
+
+    def _structured_stream_call(self, output_cls, prompt, llm_kwargs=None, **prompt_args):
+        """Streamed structured prediction forces its one tool, as ``structured_predict`` does (LlamaIndex's
+        stream path leaves the choice to the model): the call's arguments are then written a value at a
+        time and each value streams, so the partial objects are real and the last is the whole answer."""
+        return self._forced_program(output_cls, prompt).stream_call(llm_kwargs=llm_kwargs, **prompt_args)
+
+    async def _structured_astream_call(self, output_cls, prompt, llm_kwargs=None, **prompt_args):
+        return await self._forced_program(output_cls, prompt).astream_call(llm_kwargs=llm_kwargs, **prompt_args)
+
+    def _forced_program(self, output_cls, prompt):
+        from llama_index.core.program.function_program import FunctionCallingProgram, get_function_tool
+
+        name = get_function_tool(output_cls).metadata.name
+        return FunctionCallingProgram.from_defaults(output_cls=output_cls, llm=self, prompt=prompt,
+                                                    tool_choice={"type": "function", "function": {"name": name}})
+
     # -- tools -------------------------------------------------------------------------------
 
     def _prepare_chat_with_tools(self, tools: Sequence[Any], user_msg: str | ChatMessage | None = None,
@@ -232,43 +251,14 @@ class DLM(create_model("_DLMKnobs", __base__=FunctionCallingLLM, **knob_fields(F
         calls = [ToolSelection(tool_id=b.tool_call_id or "", tool_name=b.tool_name,
                                tool_kwargs=b.tool_kwargs if isinstance(b.tool_kwargs, dict) else json.loads(b.tool_kwargs))
                  for b in response.message.blocks if isinstance(b, ToolCallBlock)]
+        if not calls:                         # a streamed response: partial calls, arguments still being written
+            calls = [ToolSelection(tool_id=c["id"] or "", tool_name=c["function"]["name"] or "",
+                                   tool_kwargs=partial_kwargs(c["function"]["arguments"]))
+                     for c in response.message.additional_kwargs.get("tool_calls") or []
+                     if isinstance(c, dict) and "function" in c]
         if not calls and error_on_no_tool_call:
             raise ValueError(f"Expected at least one tool call, got: {response.message.content!r}")
         return calls
-
-
-class _Accumulator:
-    """Streamed deltas as LlamaIndex responses: the text so far plus the new piece; tool calls and
-    usage arrive on the final response."""
-
-    def __init__(self):
-        self.text = ""
-
-    def __call__(self, delta: chat.ChatDelta) -> ChatResponse | None:
-        if delta.result is not None:
-            final = DLM._response(delta.result)
-            return ChatResponse(message=final.message, delta="", raw=final.raw)
-        if not delta.content:
-            return None
-        self.text += delta.content
-        return ChatResponse(message=ChatMessage(role=MessageRole.ASSISTANT, content=self.text), delta=delta.content)
-
-
-def _overflow(exc: ContextLengthError, llm: DLM) -> ContextLengthError:
-    """A prompt over the window, saying why when LlamaIndex packed it counting with another tokenizer
-    (tiktoken unless told): its splitters and prompt helper read only the global tokenizer."""
-    import llama_index.core
-
-    counter = llama_index.core.global_tokenizer
-    owner = getattr(counter, "__self__", None)
-    if counter is None or (isinstance(owner, DLM) and display_name(owner.model) == display_name(llm.model)):
-        return exc
-    func = getattr(counter, "func", counter)                 # tiktoken's is a functools.partial
-    name = f"{getattr(func, '__module__', '')}.{getattr(func, '__qualname__', type(func).__name__)}".lstrip(".")
-    return ContextLengthError(
-        f"{exc} LlamaIndex sized this prompt with Settings.tokenizer ({name}), not this model's tokenizer, so "
-        "its counts fall short of the model's. Count with the model: `Settings.tokenizer = llm.tokenizer`, set "
-        "before Settings.chunk_size and before building the index.", param=exc.param)
 
 
 def _to_openai(message: ChatMessage) -> dict:

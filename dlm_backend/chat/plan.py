@@ -107,6 +107,8 @@ class Plan:
         limit = prompt_limit(llm, self.params.max_tokens, max_prompt_tokens)
         self.prompt_ids = prompt_ids(self.tokenizer, request.messages, self.tools, limit)   # what counters count
         self.shape: Shape = self._shape(forced, request, budget)
+        #: the id of a forced call (streamed chunks of its arguments and the final call share it)
+        self.call_id = f"call_{uuid.uuid4().hex[:24]}"
 
     @property
     def params(self) -> SamplingParams:
@@ -237,9 +239,11 @@ class Plan:
         output = dataclasses.replace(output or _no_pass(self.prompt_ids), text=writer.settled)
         reason = "length" if writer.cut else "stop"
         if isinstance(self.shape, Call):
-            call = {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+            call = {"id": self.call_id, "type": "function",
                     "function": {"name": self.shape.name, "arguments": writer.text}}
-            return ChatResult("", [call], "tool_calls", output, earlier=list(spent))
+            # A call cut by the budget is still sent (its JSON is closed), flagged as OpenAI does.
+            return ChatResult("", [call], "length" if writer.cut else "tool_calls", output,
+                              earlier=list(spent))
         parsed = writer.value if self.shape.plan.matches(writer.value) else None
         return ChatResult(writer.text, [], reason, output, parsed, earlier=list(spent))
 

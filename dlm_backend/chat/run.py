@@ -94,8 +94,8 @@ def stream(llm, request: ChatRequest, plan: Plan | None = None, timeout: float |
                                     response_template=step.template, timeout=deadline.left()):
                 yield from events.feed(chunk.delta_text)
                 out = chunk.output
-    yield from shown.grow(passes.result.content if shown.json else None)
-    yield from _closing(events, passes.result, shown.text)
+    yield from shown.finish(passes.result)
+    yield from _closing(events, passes.result, shown)
 
 
 async def astream(llm, request: ChatRequest, plan: Plan | None = None,
@@ -120,34 +120,68 @@ async def astream(llm, request: ChatRequest, plan: Plan | None = None,
                     for event in events.feed(chunk.delta_text):
                         yield event
                     out = chunk.output
-    for event in shown.grow(passes.result.content if shown.json else None):
+    for event in shown.finish(passes.result):
         yield event
-    for event in _closing(events, passes.result, shown.text):
+    for event in _closing(events, passes.result, shown):
         yield event
 
 
 class _Shown:
-    """Structured output streamed as it is written: each value's pass settles more of the JSON, and
-    the text settled so far (always a prefix of the answer) goes out as content."""
+    """An answer written a value at a time, streamed as it is written: each value's pass settles more
+    of it. Structured output goes out as content (the JSON settled so far, always a prefix of the
+    answer); a forced call as tool-call chunks in OpenAI's streaming form (the first with the call's
+    id and name, the rest with argument text only), as its arguments settle."""
 
     def __init__(self, plan: Plan):
-        self.json = isinstance(plan.shape, Json) and plan.shape.plan.templated
-        self.text = ""
+        self.plan, self.text, self.started = plan, "", False
+
+    @property
+    def json(self) -> bool:
+        shape = self.plan.shape
+        return isinstance(shape, Json) and shape.plan.templated
+
+    @property
+    def call(self) -> bool:
+        shape = self.plan.shape
+        return isinstance(shape, Call) and shape.written
 
     def grow(self, settled: str | None) -> list[ChatDelta]:
-        if not self.json or settled is None or not settled.startswith(self.text) or settled == self.text:
+        if settled is None or not (self.json or self.call):
+            return []
+        if self.call:
+            head = self.plan.shape.head
+            if not settled.startswith(head):
+                return []
+            settled = settled[len(head):]
+        if not settled.startswith(self.text) or settled == self.text:
             return []
         delta, self.text = settled[len(self.text):], settled
-        return [ChatDelta(content=delta)]
+        if self.json:
+            return [ChatDelta(content=delta)]
+        chunk = {"function": {"arguments": delta}}
+        if not self.started:
+            self.started = True
+            chunk = {"id": self.plan.call_id, "type": "function",
+                     "function": {"name": self.plan.shape.name, "arguments": delta}}
+        return [ChatDelta(tool_call=chunk, index=0)]
+
+    def finish(self, result: ChatResult) -> list[ChatDelta]:
+        """The rest of the answer once it is done."""
+        if self.json:
+            return self.grow(result.content)
+        if self.call and result.tool_calls:
+            return self.grow(self.plan.shape.head + result.tool_calls[0]["function"]["arguments"])
+        return []
 
 
-def _closing(events: "_Splitter | None", result: ChatResult, shown: str = "") -> list[ChatDelta]:
+def _closing(events: "_Splitter | None", result: ChatResult, shown: _Shown) -> list[ChatDelta]:
     """The events a stream ends with: the rest of a streamed answer, or a whole one that was not
-    streamed (``shown``: structured output already sent as it was written)."""
+    streamed (``shown``: an answer already sent as it was written)."""
     if events is not None:
         return events.close(result)
-    whole = [ChatDelta(content=result.content)] if result.content and not shown else []
-    whole += [ChatDelta(tool_call=call, index=i) for i, call in enumerate(result.tool_calls)]
+    whole = [ChatDelta(content=result.content)] if result.content and not shown.text else []
+    if not shown.started:
+        whole += [ChatDelta(tool_call=call, index=i) for i, call in enumerate(result.tool_calls)]
     return whole + [ChatDelta(result=result)]
 
 

@@ -94,10 +94,12 @@ def test_tool_calls_over_sse_and_tool_choice_none(client):
     chunks = list(client.chat.completions.create(
         stream=True, tool_choice={"type": "function", "function": {"name": "get_weather"}}, **kwargs))
     calls = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
-    assert [tc.function.name for tc in calls] == ["get_weather"]
+    assert calls[0].function.name == "get_weather" and all(not tc.function.name for tc in calls[1:])
     import json
-    assert set(json.loads(calls[0].function.arguments)) == {"city"}
-    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["tool_calls"]
+    assert set(json.loads("".join(tc.function.arguments for tc in calls))) == {"city"}
+    # random weights may run a string to the budget: the call still comes, flagged "length"
+    reasons = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert reasons in (["tool_calls"], ["length"])
     r = client.chat.completions.create(tool_choice="none", **kwargs)
     assert r.choices[0].message.tool_calls is None and r.choices[0].finish_reason in ("stop", "length")
 
