@@ -1,4 +1,4 @@
-"""The ``dlm`` command: generate, chat, serve, models, plugins, parity."""
+"""The ``dlm`` command: demo, generate, chat, serve, models, plugins, parity."""
 
 from __future__ import annotations
 
@@ -128,6 +128,13 @@ def cmd_serve(args) -> int:
     return 0
 
 
+def cmd_demo(args) -> int:
+    from dlm_backend.demo import main as demo
+
+    demo()
+    return 0
+
+
 def cmd_models(args) -> int:
     from dlm_backend.engine.models.registry import supported_architectures
 
@@ -155,6 +162,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(prog="dlm", description="Masked-diffusion LMs on a local engine.")
     sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("demo", help="the embedded model at each front door: a LangChain agent, LlamaIndex RAG, "
+                   "structured output, the openai client; answers and passes per token").set_defaults(func=cmd_demo)
     p = sub.add_parser("generate", help="answer one prompt, streaming committed text: dlm generate [MODEL] PROMPT")
     _add_model_args(p, positional=False)
     p.add_argument("args", nargs="+", metavar="[MODEL] PROMPT")
