@@ -12,6 +12,9 @@ import random
 from dataclasses import dataclass, field
 
 from dlm_tiny.entities import CATEGORIES, COLORS, JOBS, ANIMALS, SPORTS, WORDS, Entities
+from dlm_tiny.open_json import open_chat, open_json
+from dlm_tiny.open_qa import open_qa
+from dlm_tiny.open_tools import open_tool_call, open_tool_result
 from dlm_tiny.rag_templates import framework_rag
 from dlm_tiny.tools_catalog import SCHEMAS, make_call
 from dlm_backend.chat.tool_calls import call_text
@@ -19,7 +22,14 @@ from dlm_backend.chat.tool_calls import call_text
 NOT_IN_CONTEXT = "The context does not say."
 IDENTITY = "I am dlm-tiny, a small diffusion language model."
 FAMILIES = {"qa": 0.23, "tool_call": 0.17, "tool_result": 0.09, "json": 0.14, "arithmetic": 0.08, "list": 0.09,
-            "chat": 0.05, "copy": 0.15}
+            "chat": 0.05, "copy": 0.15,
+            # The open-ended families (open_qa.py, open_tools.py, open_json.py): the same tasks in many
+            # surface forms. 0 by default and last, so a corpus that does not name them draws exactly
+            # the examples it drew before they existed (random.choices reads one number per draw).
+            "qa_open": 0.0, "tool_open": 0.0, "tool_result_open": 0.0, "json_open": 0.0, "chat_open": 0.0}
+#: how an open family's answers are scored: as the first family's of the same task
+SCORED_AS = {"qa_open": "qa", "tool_open": "tool_call", "tool_result_open": "tool_result", "json_open": "json",
+             "chat_open": "chat"}
 #: what the held-out evaluation scores; ``copy`` is practice only (see :func:`copy_task`).
 EVAL_FAMILIES = ["qa", "tool_call", "tool_result", "json", "arithmetic", "list", "chat"]
 
@@ -280,9 +290,18 @@ def copy_task(rng: random.Random, ent: Entities) -> Example:
     return Example("copy", [{"role": "user", "content": ask}], x, expected={"answer": x})
 
 
+def _open(family: str, make):
+    def example(rng: random.Random, ent: Entities) -> Example:
+        d = make(rng, ent)
+        return Example(family, d["messages"], d["target"], d.get("tools"), d["expected"])
+    return example
+
+
 GENERATORS = {"qa": qa, "tool_call": tool_call, "tool_result": tool_result, "json": structured,
               "arithmetic": arithmetic, "list": list_task, "chat": chat,
-              "copy": copy_task}
+              "copy": copy_task, "tool_open": _open("tool_open", open_tool_call),
+              "tool_result_open": _open("tool_result_open", open_tool_result),
+              "json_open": _open("json_open", open_json), "chat_open": _open("chat_open", open_chat)}
 
 
 def generate(n: int, seed: int, split: str = "train", families: list[str] | None = None,
@@ -304,6 +323,9 @@ def generate(n: int, seed: int, split: str = "train", families: list[str] | None
         family = families[i % len(families)] if families else rng.choices(names, mix)[0]
         if family == "qa":
             out.append(qa(rng, ent, unanswerable, qa_hard, rag_templates))
+        elif family == "qa_open":
+            d = open_qa(rng, ent, unanswerable, qa_hard)
+            out.append(Example("qa_open", d["messages"], d["target"], expected={**d["expected"], "distractor": False}))
         else:
             out.append(GENERATORS[family](rng, ent))
     return out

@@ -74,7 +74,7 @@ def _norm(text: str) -> str:
 
 def score(example: corpus.Example, text: str) -> dict:
     """``exact`` (and ``valid`` for tool calls and JSON) for one model answer."""
-    exp, fam = example.expected, example.family
+    exp, fam = example.expected, corpus.SCORED_AS.get(example.family, example.family)
     if fam == "tool_call":
         content, calls, bad = parse_tool_calls(text, repair=False)   # validity means well formed
         if exp.get("no_call"):     # a chat turn with tools on offer: any of the chat family's replies
@@ -87,10 +87,11 @@ def score(example: corpus.Example, text: str) -> dict:
             obj = json.loads(text)
         except ValueError:
             return {"valid": False, "exact": False}
-        types = {"string": str, "integer": int, "number": (int, float)}
+        types = {"string": str, "integer": int, "number": (int, float), "boolean": bool}
         props = exp["schema"]["properties"]
         valid = isinstance(obj, dict) and set(obj) == set(props) and all(
-            isinstance(obj[k], types[v["type"]]) and not isinstance(obj[k], bool) for k, v in props.items())
+            isinstance(obj[k], types[v["type"]]) and (v["type"] == "boolean") == isinstance(obj[k], bool)
+            for k, v in props.items())
         # 15.0 == 15 and True == 1 in Python: an exact answer must be a valid one too.
         return {"valid": valid, "exact": valid and obj == exp["object"]}
     if fam == "chat":

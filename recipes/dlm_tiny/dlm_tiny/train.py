@@ -17,6 +17,7 @@ Deterministic for a seed; ``train_state.pt`` in the output folder makes a run re
 from __future__ import annotations
 
 import ctypes
+import gc
 import json
 import math
 import os
@@ -234,6 +235,9 @@ def train(cfg: TrainConfig, stop_at: int | None = None) -> Path:
         config["rope_theta"] = init_config["rope_theta"]
     write_checkpoint_files(model_dir, config, tok)
     chat = ChatTokenizer(model_dir)
+    # The corpus is millions of live objects that never die: a full collection over them stalled one
+    # template render past the renderer's 2 s deadline on a busy machine. Freeze them out of the GC.
+    gc.freeze()
     pairs = encode_examples(examples, chat, cfg.max_len)
 
     model = DreamModel.from_config(config)
