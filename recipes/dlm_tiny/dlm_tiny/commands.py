@@ -20,9 +20,11 @@ def _train(args) -> int:
 
 
 def _eval(args) -> int:
+    if args.set != "heldout":
+        return _eval_handwritten(args)
     from dlm_tiny.evaluate import default_configs, evaluate, format_table, plot, select_configs
 
-    configs = default_configs(args.max_tokens, args.block_length)
+    configs = default_configs(64 if args.max_tokens is None else args.max_tokens, args.block_length)
     if args.configs:
         configs = select_configs(configs, args.configs)
     rows = evaluate(args.model, per_family=args.per_family, configs=configs)
@@ -37,6 +39,23 @@ def _eval(args) -> int:
     return 0
 
 
+def _eval_handwritten(args) -> int:
+    """The hand-written set (or another file of its shape): the model's own decoding and llada."""
+    from dlm_tiny.handwritten import evaluate, format_table
+
+    path = None if args.set == "handwritten" else args.set
+    max_tokens = 128 if args.max_tokens is None else args.max_tokens     # the longest expected reply is 112
+    rows, replies = evaluate(args.model, path=path, max_tokens=max_tokens, labels=args.configs)
+    table = format_table(rows)
+    print(table)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "eval.json").write_text(json.dumps(rows, indent=2))
+    (out / "eval.md").write_text(table + "\n")
+    (out / "replies.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in replies))
+    return 0
+
+
 @hookimpl
 def register_commands(subparsers):
     from dlm_tiny.train import TrainConfig
@@ -48,8 +67,11 @@ def register_commands(subparsers):
     p.set_defaults(func=_train)
     p = subparsers.add_parser("eval", help="held-out quality and speed for every sampler and cache mode")
     p.add_argument("model", nargs="?", default=None, help="checkpoint (default: $DLM_MODEL, else the embedded dlm-tiny)")
+    p.add_argument("--set", default="heldout",
+                   help="heldout: the generator's held-out set (default); handwritten: the set written by hand "
+                        "apart from the generator (eval/handwritten.jsonl); or a .jsonl file of that shape")
     p.add_argument("--per-family", type=int, default=50)
-    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--max-tokens", type=int, default=None, help="default 64 (heldout), 128 (handwritten)")
     p.add_argument("--block-length", type=int, default=32)
     p.add_argument("--configs", default=None, help="';'-separated config labels to run (default: all)")
     p.add_argument("--out", default="eval-results")

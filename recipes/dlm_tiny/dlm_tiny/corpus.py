@@ -13,19 +13,17 @@ from dataclasses import dataclass, field
 
 from dlm_tiny.entities import CATEGORIES, COLORS, JOBS, ANIMALS, SPORTS, WORDS, Entities
 from dlm_tiny.open_json import open_chat, open_json
-from dlm_tiny.open_qa import open_qa
+from dlm_tiny.open_qa import NOT_IN_CONTEXT, open_qa
 from dlm_tiny.open_tools import open_tool_call, open_tool_result
+from dlm_tiny.open_words import IDENTITY
 from dlm_tiny.rag_templates import framework_rag
 from dlm_tiny.tools_catalog import SCHEMAS, make_call
 from dlm_backend.chat.tool_calls import call_text
 
-NOT_IN_CONTEXT = "The context does not say."
-IDENTITY = "I am dlm-tiny, a small diffusion language model."
 FAMILIES = {"qa": 0.23, "tool_call": 0.17, "tool_result": 0.09, "json": 0.14, "arithmetic": 0.08, "list": 0.09,
             "chat": 0.05, "copy": 0.15,
-            # The open-ended families (open_qa.py, open_tools.py, open_json.py): the same tasks in many
-            # surface forms. 0 by default and last, so a corpus that does not name them draws exactly
-            # the examples it drew before they existed (random.choices reads one number per draw).
+            # the same tasks in many surface forms (open_*.py): 0 unless named, and last, so older
+            # stages draw what they drew before (random.choices reads one number per draw)
             "qa_open": 0.0, "tool_open": 0.0, "tool_result_open": 0.0, "json_open": 0.0, "chat_open": 0.0}
 #: how an open family's answers are scored: as the first family's of the same task
 SCORED_AS = {"qa_open": "qa", "tool_open": "tool_call", "tool_result_open": "tool_result", "json_open": "json",
@@ -290,18 +288,10 @@ def copy_task(rng: random.Random, ent: Entities) -> Example:
     return Example("copy", [{"role": "user", "content": ask}], x, expected={"answer": x})
 
 
-def _open(family: str, make):
-    def example(rng: random.Random, ent: Entities) -> Example:
-        d = make(rng, ent)
-        return Example(family, d["messages"], d["target"], d.get("tools"), d["expected"])
-    return example
-
-
 GENERATORS = {"qa": qa, "tool_call": tool_call, "tool_result": tool_result, "json": structured,
-              "arithmetic": arithmetic, "list": list_task, "chat": chat,
-              "copy": copy_task, "tool_open": _open("tool_open", open_tool_call),
-              "tool_result_open": _open("tool_result_open", open_tool_result),
-              "json_open": _open("json_open", open_json), "chat_open": _open("chat_open", open_chat)}
+              "arithmetic": arithmetic, "list": list_task, "chat": chat, "copy": copy_task}
+OPEN_GENERATORS = {"tool_open": open_tool_call, "tool_result_open": open_tool_result, "json_open": open_json,
+                   "chat_open": open_chat}
 
 
 def generate(n: int, seed: int, split: str = "train", families: list[str] | None = None,
@@ -311,9 +301,8 @@ def generate(n: int, seed: int, split: str = "train", families: list[str] | None
 
     ``weights`` overrides some of :data:`FAMILIES` and ``unanswerable`` is the share of QA questions
     whose answer is not in the context, ``qa_hard`` the share with a same-attribute distractor
-    (see :func:`qa`), ``rag_templates`` the share in a RAG framework's own prompt. All four are for
-    training mixes: the held-out set keeps the defaults, so a stage that over-samples a weak skill is
-    still scored on the usual mix.
+    (see :func:`qa`), ``rag_templates`` the share in a RAG framework's own prompt: training mixes
+    (the held-out set keeps the defaults, so a stage over-sampling a skill is scored on the usual mix).
     """
     rng = random.Random(seed)
     ent = Entities(rng, split)
@@ -323,9 +312,9 @@ def generate(n: int, seed: int, split: str = "train", families: list[str] | None
         family = families[i % len(families)] if families else rng.choices(names, mix)[0]
         if family == "qa":
             out.append(qa(rng, ent, unanswerable, qa_hard, rag_templates))
-        elif family == "qa_open":
-            d = open_qa(rng, ent, unanswerable, qa_hard)
-            out.append(Example("qa_open", d["messages"], d["target"], expected={**d["expected"], "distractor": False}))
+        elif family in SCORED_AS:
+            d = open_qa(rng, ent, unanswerable, qa_hard) if family == "qa_open" else OPEN_GENERATORS[family](rng, ent)
+            out.append(Example(family, d["messages"], d["target"], d.get("tools"), d["expected"]))
         else:
             out.append(GENERATORS[family](rng, ent))
     return out

@@ -16,7 +16,7 @@ import random
 from dlm_backend.chat.tool_calls import call_text
 from dlm_tiny.entities import Entities
 from dlm_tiny.open_tool_frames import FRAMES, Frame
-from dlm_tiny.open_words import Values
+from dlm_tiny.open_words import IDENTITY, Values
 
 SYSTEMS = ["You are a helpful assistant.", "You are a helpful assistant with access to tools.",
            "Use the available tools when they help answer the user.", "You are an agent. Call tools when needed.",
@@ -24,7 +24,7 @@ SYSTEMS = ["You are a helpful assistant.", "You are a helpful assistant with acc
 AROUND = ["{ask}", "{ask}", "{ask}", "Hi! {ask}", "{ask} Thanks!", "Hey, quick one: {ask}", "{ask} Please.",
           "I need some help. {ask}", "Hello there. {ask} Thank you."]
 NO_CALL = [("Hi!", "Hello! How can I help you today?"), ("Hello", "Hello! How can I help you today?"),
-           ("Thanks, that's all.", "You're welcome!"), ("Who are you?", "I am dlm-tiny, a small diffusion language model."),
+           ("Thanks, that's all.", "You're welcome!"), ("Who are you?", IDENTITY),
            ("Good morning!", "Good morning! How can I help?"), ("Thank you!", "You're welcome!")]
 
 

@@ -14,6 +14,8 @@ import random
 
 from dlm_tiny.entities import Entities, MONTHS, WEEKDAYS
 
+IDENTITY = "I am dlm-tiny, a small diffusion language model."   # who the model says it is
+
 #: kinds of subject a passage can be about, and the nouns that name one
 KINDS = {
     "structure": ["lighthouse", "bridge", "tower", "museum", "library", "castle", "station", "stadium", "theatre",

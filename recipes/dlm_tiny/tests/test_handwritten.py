@@ -197,6 +197,13 @@ def test_groups_route_the_qa_subsets_without_counting_them_twice():
     assert all(picked[k]["expected"].get("refuse") for k in rows["qa: not in context"])
 
 
+def test_dlm_eval_offers_the_set():
+    from test_commands import _dlm
+
+    done = _dlm("eval", "--help", DLM_LOAD_PLUGINS="dlm_tiny")
+    assert done.returncode == 0 and "--set" in done.stdout and "handwritten" in done.stdout, done.stderr
+
+
 def test_eval_runs_the_set_through_the_chat_template(tmp_path):
     model = train(replace(TINY, out_dir=str(tmp_path / "m"), steps=1))
     picked = [next(i for i in ITEMS if i["category"] == c) for c in MINIMUM]
