@@ -49,7 +49,7 @@ class LLMEngine:
         a = model.args
         self.page_size = page_size_for(a.block_size)
         num_pages = kv_pages(config, a, self.page_size, self.dtype, self.device)
-        pool = KVPool(a.num_layers, a.num_kv_heads, a.head_dim, self.page_size, num_pages, self.dtype, self.device)
+        pool = KVPool(a.kv_shapes, self.page_size, num_pages, self.dtype, self.device)
         self.allocator = PageAllocator(num_pages, self.page_size)
         self.runner = ModelRunner(model, self.device, self.dtype, self.tokens, pool, triton, config.cuda_graphs)
         self.limits = limits or EngineLimits()

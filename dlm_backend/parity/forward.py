@@ -54,7 +54,7 @@ class PagedRun:
         a, p = model.args, next(model.parameters())
         self.model, self.block = model, block
         pages = -(-length // page_size)
-        self.pool = KVPool(a.num_layers, a.num_kv_heads, a.head_dim, page_size, pages, p.dtype, p.device)
+        self.pool = KVPool(a.kv_shapes, page_size, pages, p.dtype, p.device)
         self.pages = list(range(pages))
 
     @torch.inference_mode()

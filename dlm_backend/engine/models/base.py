@@ -35,10 +35,17 @@ class ModelArgs:
     explicit_head_dim: int | None = None  # config.json's head_dim where it is not hidden_size / heads
     rotary_dim: int | None = None         # partial rotary: the leading dims of a head that rotate
     block_size: int | None = None         # block-diffusion families: the block; None: full-sequence
+    #: per layer (Hkv, head_dim) where layers differ (DiffusionGemma); None: every layer the same
+    layer_kv: tuple[tuple[int, int], ...] | None = None
 
     @property
     def head_dim(self) -> int:
         return self.explicit_head_dim or self.hidden_size // self.num_heads
+
+    @property
+    def kv_shapes(self) -> tuple[tuple[int, int], ...]:
+        """Each layer's (Hkv, head_dim): what the KV pool holds per position."""
+        return self.layer_kv or ((self.num_kv_heads, self.head_dim),) * self.num_layers
 
 
 class DiffusionLM(nn.Module, metaclass=ABCMeta):
