@@ -24,12 +24,25 @@ import torch.nn.functional as F
 
 
 @dataclass
+class DecoderRows:
+    """Rows of a forward that run an encoder-decoder family's decoder (DiffusionGemma's denoising
+    passes; its other rows are encoder rows writing keys and values): ``rows [n]`` int64 and the
+    self-conditioning input each row adds to its embedding, ``conditioning [n, D]`` (zeros on a
+    canvas's first pass, where the reference has none)."""
+
+    rows: torch.Tensor
+    conditioning: torch.Tensor
+
+
+@dataclass
 class ForwardContext:
-    """How one forward runs: its attention backend and whether layers use their Triton kernels
-    (decided once per engine, see :func:`dlm_backend.engine.kernels.resolve_kernels`)."""
+    """How one forward runs: its attention backend, whether layers use their Triton kernels
+    (decided once per engine, see :func:`dlm_backend.engine.kernels.resolve_kernels`) and, for an
+    encoder-decoder family, which rows are decoder rows (None: all are encoder rows)."""
 
     attention: object = None
     triton: bool = False
+    decoder: DecoderRows | None = None
 
 
 _local = threading.local()

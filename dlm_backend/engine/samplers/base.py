@@ -21,9 +21,10 @@ from dlm_backend.engine.params import SamplingParams
 class TokenInfo:
     """Special token ids of the loaded checkpoint."""
 
-    mask_id: int
+    mask_id: int                  # -1: none (a uniform-noise family: its free slots hold random tokens)
     eos_ids: tuple[int, ...] = ()
     eot_ids: tuple[int, ...] = ()
+    vocab_size: int = 0
 
 
 @dataclass
