@@ -57,7 +57,8 @@ class SequencePlan:
     rows: slice
     pages: torch.Tensor | slice
     length: int
-    mask: torch.Tensor | None       # [q, length] bool, None: every key
+    mask: torch.Tensor | None       # [q, length - first] bool, None: every key read
+    first: int = 0                  # keys before it are seen by no query (a window): never read
 
 
 def plan_sequences(cu_q: list[int], q_start: list[int], kv_len: list[int], page_table: list[list[int]],
@@ -65,16 +66,17 @@ def plan_sequences(cu_q: list[int], q_start: list[int], kv_len: list[int], page_
     plans = []
     for b, length in enumerate(kv_len):
         mask = None
+        # A window hides every key at or before q_start - window from every query: those are not read
+        # (a 1024-window layer of a 32K-token request reads 1024 + n keys, not 32K).
+        first = max(0, q_start[b] - window + 1) if window is not None else 0
         qpos = torch.arange(q_start[b], q_start[b] + cu_q[b + 1] - cu_q[b], device=device)
-        kpos = torch.arange(length, device=device)
+        kpos = torch.arange(first, length, device=device)
         if causal_block[b]:
             mask = (kpos[None, :] // causal_block[b]) <= (qpos[:, None] // causal_block[b])      # [q, L]
-        if window is not None:
-            anchor = qpos[:, None] if causal_block[b] else q_start[b]          # see the module docstring
-            seen = (kpos[None, :] > anchor - window).expand(len(qpos), length)
-            mask = seen if mask is None else mask & seen
+            if window is not None:                      # see the module docstring
+                mask &= kpos[None, :] > qpos[:, None] - window
         plans.append(SequencePlan(slice(cu_q[b], cu_q[b + 1]), page_run(page_table[b], length, page_size, device),
-                                  length, mask))
+                                  length, mask, first))
     return plans
 
 
@@ -83,8 +85,8 @@ def paged_attention_plans(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
     """:func:`paged_attention_ref` over plans made once per forward (:func:`plan_sequences`)."""
     out = torch.empty_like(q)
     for p in plans:
-        keys = gather_kv(k_cache, p.pages, p.length).transpose(0, 1)                  # [Hkv, L, D]
-        values = gather_kv(v_cache, p.pages, p.length).transpose(0, 1)
+        keys = gather_kv(k_cache, p.pages, p.length)[p.first:].transpose(0, 1)        # [Hkv, L, D]
+        values = gather_kv(v_cache, p.pages, p.length)[p.first:].transpose(0, 1)
         out[p.rows] = sdpa(q[p.rows].transpose(0, 1)[None], keys[None], values[None], p.mask, scale)[0].transpose(0, 1)
     return out
 
