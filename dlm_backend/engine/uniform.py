@@ -23,7 +23,6 @@ exact and simple, at the memory cost docs/architecture.md states.
 
 from __future__ import annotations
 
-from dlm_backend.engine.kv import page_hashes
 from dlm_backend.engine.sequence import Pass, Sequence
 
 
@@ -56,8 +55,11 @@ class UniformSequence(Sequence):
         return self.length
 
     def prefix_hashes(self, page_size: int) -> list[int]:
-        """Full prompt pages: the causal encoder's keys there depend on nothing after them."""
-        return page_hashes(self.prompt_token_ids, page_size, self.prompt_len // page_size, seed="causal")
+        """None are shared. The causal encoder's keys of a full prompt page depend on nothing after it,
+        but a prompt encoded from a cached page on differs from one encoded whole in the last bits
+        (1e-5 in the logits), and 48 self-conditioned steps turn that into other tokens: the same
+        seed must give the same text."""
+        return []
 
     # -- passes ----------------------------------------------------------------------------
 
