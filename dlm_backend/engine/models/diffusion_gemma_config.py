@@ -118,11 +118,10 @@ def read_config(c: dict) -> tuple[ModelArgs, GemmaArgs]:
     theta = ConfigReader(slide, "rope_parameters.sliding_attention").float("rope_theta")
     g = ConfigReader(glob, "rope_parameters.full_attention")
     experts = r.int("num_experts", high=MAX_EXPERTS)
-    softcap = r.config.get("final_logit_softcapping", SOFTCAP)
     gemma = GemmaArgs(
         sliding=sliding, sliding_window=r.int("sliding_window", default=SLIDING_WINDOW, high=MAX_POSITIONS),
         full_theta=g.float("rope_theta"), full_rotary_factor=g.float("partial_rotary_factor", high=1.0),
-        softcap=ConfigReader({"final_logit_softcapping": softcap}).float("final_logit_softcapping", high=1e6),
+        softcap=r.float("final_logit_softcapping", default=SOFTCAP, high=1e6),
         num_experts=experts, top_k=r.int("top_k_experts", high=experts),
         moe_intermediate_size=r.int("moe_intermediate_size", high=MAX_WIDTH),
         attention_bias=r.bool("attention_bias"))
