@@ -17,8 +17,10 @@ committed until the sampler says it is done, then its argmax tokens are, all at 
 streaming emits, where stop tokens are looked for (the reference pads after the first EOS; the
 output ends there) and what the next cache pass encodes. Slots a response template fixes keep their
 token throughout; a canvas the template fixes whole (to the end of the output) is not denoised.
-Keys and values of every position are kept, sliding-window layers included (their window is a mask):
-exact and simple, at the memory cost docs/architecture.md states.
+Keys and values of every position are kept, sliding-window layers included (their window is a mask
+and attention reads only the keys it shows): exact and simple, at 220 KB a position for the 26B-A4B
+in bf16 where a window-sized ring would keep 1023 positions of its 25 sliding layers
+(docs/architecture.md).
 """
 
 from __future__ import annotations
