@@ -30,7 +30,6 @@ from __future__ import annotations
 from typing import ClassVar
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from dlm_backend.engine.layers import attention
@@ -189,10 +188,9 @@ class DiffusionGemmaForBlockDiffusion(DiffusionLM):
     # checkpoint's generation_config.json (family_defaults).
     sampling_defaults = {"sampler": "diffusiongemma", "t_min": 0.4, "t_max": 0.8, "gamma": 0.1,
                          "stability_threshold": 1, "confidence_threshold": 0.005, "max_denoising_steps": 48}
-    #: generation_config.json field -> knob (sampler_config.entropy_bound is read apart)
-    GENERATION_FIELDS: ClassVar[dict] = {"t_min": "t_min", "t_max": "t_max", "stability_threshold": "stability_threshold",
-                                         "confidence_threshold": "confidence_threshold",
-                                         "max_denoising_steps": "max_denoising_steps"}
+    #: generation_config.json fields that are knobs of the same name (sampler_config.entropy_bound is gamma)
+    GENERATION_FIELDS: ClassVar[tuple[str, ...]] = ("t_min", "t_max", "stability_threshold", "confidence_threshold",
+                                                    "max_denoising_steps")
     ignored_prefixes = ("model.encoder.vision_tower.", "model.encoder.embed_vision.")
 
     def __init__(self, args: ModelArgs, g: GemmaArgs):
@@ -215,8 +213,7 @@ class DiffusionGemmaForBlockDiffusion(DiffusionLM):
 
     @classmethod
     def family_defaults(cls, generation_config: dict) -> dict:
-        given = {knob: generation_config[f] for f, knob in cls.GENERATION_FIELDS.items()
-                 if generation_config.get(f) is not None}
+        given = {f: generation_config[f] for f in cls.GENERATION_FIELDS if generation_config.get(f) is not None}
         bound = (generation_config.get("sampler_config") or {}).get("entropy_bound")
         if bound is not None:
             given["gamma"] = bound
@@ -231,7 +228,8 @@ class DiffusionGemmaForBlockDiffusion(DiffusionLM):
         self.frequencies = {True: inverse_frequencies(sliding_dim, a.rope_theta).to(device),
                             False: inverse_frequencies(full_dim, g.full_theta, g.full_rotary_factor).to(device)}
         # sqrt(hidden) rounded to float32, then to the weights' dtype (bf16 makes sqrt(3072) 55.5)
-        self.scale = torch.tensor(a.hidden_size ** 0.5).to(device=device, dtype=self.model.decoder.embed_tokens.weight.dtype)
+        weight = self.model.decoder.embed_tokens.weight
+        self.scale = torch.tensor(a.hidden_size ** 0.5).to(device=device, dtype=weight.dtype)
 
     def _rotary(self, positions: torch.Tensor, sliding: bool) -> tuple[torch.Tensor, torch.Tensor]:
         angles = positions[:, None].float() * self.frequencies[sliding][None, :]      # [T, D/2]
