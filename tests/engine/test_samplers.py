@@ -259,3 +259,23 @@ def test_diffusiongemma_refuses_a_schedule_that_does_not_fall():
 
     with pytest.raises(SamplingParamsError, match="t_max"):
         DiffusionGemmaSampler().validate(SamplingParams(sampler="diffusiongemma", t_min=0.9, t_max=0.8))
+
+
+def test_a_seeded_request_on_cpu_draws_the_references_stream_call_for_call():
+    """The fixture's rng_selftest: torch.manual_seed(s) then randint / multinomial draws; a request's
+    generator seeded with s draws the same (which is why seeded one-prompt cases need no replay)."""
+    import json
+    import struct
+
+    from helpers import FIXTURES
+
+    from dlm_backend.engine.samplers.random import TorchRandom
+
+    fixture = json.loads((FIXTURES / "parity-block" / "diffusiongemma-tiny" / "cases.json").read_text())
+    selftest = fixture["rng_selftest"]
+    draws = TorchRandom(torch.Generator().manual_seed(selftest["seed"]))
+    assert draws.randint(512, (16,)).tolist() == selftest["randint_0_512_x16"]
+    probe = selftest["multinomial_probe"]
+    probs = torch.tensor([[struct.unpack(">f", bytes.fromhex(h))[0] for h in row]
+                          for row in probe["probs_float32_hex"]])
+    assert TorchRandom(torch.Generator().manual_seed(selftest["seed"])).multinomial(probs).tolist() == probe["out"]
