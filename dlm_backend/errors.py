@@ -46,6 +46,11 @@ class EngineError(DLMError):
     """A request failed inside the engine; other requests keep running."""
 
 
+class RequestTimeoutError(DLMError, TimeoutError):
+    """A request ran past the ``timeout`` its caller gave and was aborted (its engine slot freed).
+    A ``TimeoutError``, so ``except TimeoutError`` and retry policies keyed on it catch it."""
+
+
 class QueueFullError(DLMError):
     """The engine's waiting queue is at its bound; the request was not queued (HTTP 429)."""
 

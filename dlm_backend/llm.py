@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import queue
+import threading
 from typing import AsyncIterator, Iterator
 
 from dlm_backend.chat.prompt import encode_chat
@@ -13,7 +14,7 @@ from dlm_backend.engine.config import EngineConfig
 from dlm_backend.engine.loader import default_model
 from dlm_backend.engine.outputs import GenerationOutput, StreamChunk
 from dlm_backend.engine.params import SamplingParams, layered
-from dlm_backend.errors import DLMError, EngineError, TokenizerError
+from dlm_backend.errors import DLMError, EngineError, RequestTimeoutError, TokenizerError
 
 
 class LLM:
@@ -106,104 +107,105 @@ class LLM:
         return [list(p) for p in ids]
 
     @contextlib.contextmanager
-    def _requests(self, background: bool):
+    def _requests(self, background: bool, timeout: float | None = None):
         """Submit requests; whatever ends the block (done, a later prompt refused, an EngineError,
         Ctrl-C, a cancelled task, a stream closed early) aborts the ones still running, since a
-        request left running is batched with every later call. Aborting a finished request is a no-op."""
-        ids: list[str] = []
-
-        def submit(prompt_ids, params, sink, template=None) -> str:
-            ids.append(self._loop.submit(prompt_ids, params, sink, background=background,
-                                         response_template=template))
-            return ids[-1]
+        request left running is batched with every later call. Aborting a finished request is a no-op.
+        ``timeout`` (seconds from now) aborts them too; their chunks then raise RequestTimeoutError."""
+        batch = _Batch(self._loop, background, timeout)
         try:
-            yield submit
+            yield batch
         finally:
-            for request_id in ids:
-                self._loop.abort(request_id)
+            batch.close()
 
     # -- generate -----------------------------------------------------------------------------
 
     def generate(self, prompts: str | list[str] | None = None, sampling_params: SamplingParams | None = None,
                  *, prompt_token_ids: list[int] | list[list[int]] | None = None,
-                 response_template: list[int | None] | None = None) -> list[GenerationOutput]:
+                 response_template: list[int | None] | None = None, timeout: float | None = None) -> list[GenerationOutput]:
         """Complete raw prompts (no chat template); all are batched together. One output per prompt.
 
         ``response_template`` fixes output tokens in advance (``None`` marks a slot to denoise).
+        ``timeout`` (seconds; every method here takes one) aborts the requests still running when it
+        passes, at the end of the engine's current step, and raises RequestTimeoutError.
         """
         params = sampling_params or self.sampling_params()
-        with self._requests(background=False) as submit:
+        with self._requests(background=False, timeout=timeout) as batch:
             queues = []
             for ids in self._prompt_ids(prompts, prompt_token_ids):
                 queues.append(queue.Queue())
-                submit(ids, params, _final_only(queues[-1].put), response_template)
-            return [_unwrap(list(self._loop.drive(q))[-1]) for q in queues]
+                batch.submit(ids, params, _final_only(queues[-1].put), response_template)
+            return [batch.checked(list(self._loop.drive(q))[-1]).output for q in queues]
 
     async def agenerate(self, prompts=None, sampling_params: SamplingParams | None = None, *,
-                        prompt_token_ids=None, response_template=None) -> list[GenerationOutput]:
+                        prompt_token_ids=None, response_template=None, timeout: float | None = None) -> list[GenerationOutput]:
         """``generate`` without blocking the event loop (a background thread steps the engine)."""
         params = sampling_params or self.sampling_params()
-        with self._requests(background=True) as submit:
+        with self._requests(background=True, timeout=timeout) as batch:
             queues = []
             for ids in self._prompt_ids(prompts, prompt_token_ids):
                 queues.append(_AsyncQueue())
-                submit(ids, params, _final_only(queues[-1].put), response_template)
-            return [_unwrap(await q.get()) for q in queues]
+                batch.submit(ids, params, _final_only(queues[-1].put), response_template)
+            return [batch.checked(await q.get()).output for q in queues]
 
     def chat(self, messages: list[dict], sampling_params: SamplingParams | None = None, *,
-             tools: list[dict] | None = None, **template_kwargs) -> GenerationOutput:
+             tools: list[dict] | None = None, timeout: float | None = None, **template_kwargs) -> GenerationOutput:
         """Answer one conversation (``[{"role": ..., "content": ...}, ...]``)."""
         ids = self.encode_chat(messages, tools, **template_kwargs)
-        return self.generate(prompt_token_ids=[ids], sampling_params=sampling_params)[0]
+        return self.generate(prompt_token_ids=[ids], sampling_params=sampling_params, timeout=timeout)[0]
 
     async def achat(self, messages: list[dict], sampling_params: SamplingParams | None = None, *,
-                    tools: list[dict] | None = None, **template_kwargs) -> GenerationOutput:
+                    tools: list[dict] | None = None, timeout: float | None = None, **template_kwargs) -> GenerationOutput:
         """``chat`` without blocking the event loop."""
         ids = self.encode_chat(messages, tools, **template_kwargs)
-        return (await self.agenerate(prompt_token_ids=[ids], sampling_params=sampling_params))[0]
+        return (await self.agenerate(prompt_token_ids=[ids], sampling_params=sampling_params, timeout=timeout))[0]
 
     # -- stream -------------------------------------------------------------------------------
 
     def stream(self, prompt: str | None = None, sampling_params: SamplingParams | None = None, *,
-               prompt_token_ids: list[int] | None = None,
-               response_template: list[int | None] | None = None) -> Iterator[StreamChunk]:
+               prompt_token_ids: list[int] | None = None, response_template: list[int | None] | None = None,
+               timeout: float | None = None) -> Iterator[StreamChunk]:
         """Yield committed output in order as the engine finalises it; the last chunk is ``finished``.
-        Bad input raises here, at the call; the request is queued on the first ``next()``."""
+        Bad input raises here, at the call; the request is queued (and ``timeout`` starts) on the
+        first ``next()``."""
         ids = self._prompt_ids(prompt, None if prompt_token_ids is None else [prompt_token_ids])[0]
         params = sampling_params or self.sampling_params()
         self.engine.check(ids, params, response_template)
 
         def chunks():
             q: queue.Queue = queue.Queue()
-            with self._requests(background=False) as submit:
-                submit(ids, params, q.put, response_template)
+            with self._requests(background=False, timeout=timeout) as batch:
+                batch.submit(ids, params, q.put, response_template)
                 for chunk in self._loop.drive(q):
-                    yield _checked(chunk)
+                    yield batch.checked(chunk)
         return chunks()
 
     async def astream(self, prompt: str | None = None, sampling_params: SamplingParams | None = None, *,
-                      prompt_token_ids: list[int] | None = None,
-                      response_template: list[int | None] | None = None) -> AsyncIterator[StreamChunk]:
+                      prompt_token_ids: list[int] | None = None, response_template: list[int | None] | None = None,
+                      timeout: float | None = None) -> AsyncIterator[StreamChunk]:
         """``stream`` without blocking the event loop."""
         ids = self._prompt_ids(prompt, None if prompt_token_ids is None else [prompt_token_ids])[0]
         q = _AsyncQueue()
-        with self._requests(background=True) as submit:
-            submit(ids, sampling_params or self.sampling_params(), q.put, response_template)
-            while not (chunk := _checked(await q.get())).finished:
+        with self._requests(background=True, timeout=timeout) as batch:
+            batch.submit(ids, sampling_params or self.sampling_params(), q.put, response_template)
+            while not (chunk := batch.checked(await q.get())).finished:
                 yield chunk
             yield chunk
 
     def stream_chat(self, messages: list[dict], sampling_params: SamplingParams | None = None, *,
-                    tools: list[dict] | None = None, **template_kwargs) -> Iterator[StreamChunk]:
+                    tools: list[dict] | None = None, timeout: float | None = None,
+                    **template_kwargs) -> Iterator[StreamChunk]:
         """Stream the answer to one conversation."""
         return self.stream(prompt_token_ids=self.encode_chat(messages, tools, **template_kwargs),
-                           sampling_params=sampling_params)
+                           sampling_params=sampling_params, timeout=timeout)
 
     async def astream_chat(self, messages: list[dict], sampling_params: SamplingParams | None = None, *,
-                           tools: list[dict] | None = None, **template_kwargs) -> AsyncIterator[StreamChunk]:
+                           tools: list[dict] | None = None, timeout: float | None = None,
+                           **template_kwargs) -> AsyncIterator[StreamChunk]:
         """``stream_chat`` without blocking the event loop."""
         ids = self.encode_chat(messages, tools, **template_kwargs)
-        async with contextlib.aclosing(self.astream(prompt_token_ids=ids, sampling_params=sampling_params)) as s:
+        chunks = self.astream(prompt_token_ids=ids, sampling_params=sampling_params, timeout=timeout)
+        async with contextlib.aclosing(chunks) as s:
             async for chunk in s:
                 yield chunk
 
@@ -222,15 +224,53 @@ class _AsyncQueue:
         return await self._queue.get()
 
 
+class _Batch:
+    """The requests of one call: submitted through it, aborted when the call ends, or when its
+    ``timeout`` passes. The abort then runs in a timer thread, since it waits for the engine's
+    current step, which neither the caller's thread nor its event loop should."""
+
+    def __init__(self, loop, background: bool, timeout: float | None):
+        self.loop, self.background, self.ids = loop, background, []
+        self.timeout, self.timed_out, self._timer = timeout, False, None
+        if timeout is not None:
+            if timeout <= 0:
+                raise self.expired()
+            self._timer = threading.Timer(timeout, self._expire)
+            self._timer.daemon = True
+            self._timer.start()
+
+    def expired(self) -> RequestTimeoutError:
+        return RequestTimeoutError(f"The request did not finish in time: its timeout ({max(self.timeout, 0):.3g} s "
+                                   "from when it was queued) passed, so it was aborted and its engine slot freed.")
+
+    def _expire(self) -> None:
+        self.timed_out = True
+        for request_id in list(self.ids):
+            self.loop.abort(request_id)
+
+    def submit(self, prompt_ids, params, sink, template=None) -> str:
+        if self.timed_out:
+            raise self.expired()
+        self.ids.append(self.loop.submit(prompt_ids, params, sink, background=self.background,
+                                         response_template=template))
+        if self.timed_out:                  # expired while this one was being queued
+            self.loop.abort(self.ids[-1])
+        return self.ids[-1]
+
+    def checked(self, chunk: StreamChunk) -> StreamChunk:
+        """``chunk``, or the error it carries: the engine's, or this call's timeout."""
+        if chunk.finished and chunk.finish_reason == "abort" and self.timed_out:
+            raise self.expired()
+        if chunk.error:
+            raise EngineError(f"Request {chunk.request_id} failed inside the engine: {chunk.error}")
+        return chunk
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        for request_id in self.ids:
+            self.loop.abort(request_id)
+
+
 def _final_only(put):
     return lambda chunk: put(chunk) if chunk.finished else None
-
-
-def _checked(chunk: StreamChunk) -> StreamChunk:
-    if chunk.error:
-        raise EngineError(f"Request {chunk.request_id} failed inside the engine: {chunk.error}")
-    return chunk
-
-
-def _unwrap(chunk: StreamChunk) -> GenerationOutput:
-    return _checked(chunk).output

@@ -50,7 +50,14 @@ def main() -> dict:
         call = client.chat.completions.create(model="dlm-tiny", tools=TOOLS, max_tokens=64,
                                               messages=[{"role": "user", "content": "What time is it in Oslo?"}])
         print("tool calls:", call.choices[0].message.tool_calls)
-        return {"models": models, "answer": answer, "streamed": streamed, "tool_call": call}
+        try:                                      # a request the model cannot serve is the client's error
+            client.chat.completions.create(model="dlm-tiny", n=2, max_tokens=8,
+                                           messages=[{"role": "user", "content": "Two answers, please."}])
+            refused = None
+        except openai.APIStatusError as exc:
+            refused = exc
+        print("n=2:", refused)
+        return {"models": models, "answer": answer, "streamed": streamed, "tool_call": call, "refused": refused}
     finally:
         proxy.terminate()
         proxy.wait(timeout=30)

@@ -153,6 +153,15 @@ def test_litellm_proxy_serves_the_provider(proxy_out):
     assert_calls_parse(proxy_out["tool_call"])
 
 
+def test_litellm_proxy_answers_a_refused_request_with_400(proxy_out):
+    """n=2 reached the proxy as an APIConnectionError and went back as a 500 (clients retried it)."""
+    import openai
+
+    refused = proxy_out["refused"]
+    assert isinstance(refused, openai.BadRequestError) and refused.status_code == 400 and refused.param == "n"
+    assert "n=2 is not supported" in refused.message
+
+
 def test_litellm_proxy_calls_the_right_tool(proxy_out):
     assert_called(proxy_out["tool_call"], "get_time", '"Oslo"')
 

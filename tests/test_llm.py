@@ -55,3 +55,18 @@ def test_chat_takes_openai_content_parts():
     assert parts.token_ids == plain.token_ids
     with pytest.raises(DLMError, match="content must be a string or a list"):
         llm.chat([{"role": "user", "content": 5}], params)
+
+
+def test_loading_a_model_imports_no_compiler():
+    """Building the model on the meta device ran torch's initialisers through its Python references,
+    whose first use imports torch._dynamo: over a second of every first load, and, in the worker
+    thread an async front door loads in, event-loop stalls of 100-250 ms while it held the GIL."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from dlm_backend import LLM; llm = LLM()\n"
+            "assert llm.chat([{'role': 'user', 'content': 'hi'}], llm.sampling_params(max_tokens=4)).finish_reason\n"
+            "print('torch._dynamo' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "False"

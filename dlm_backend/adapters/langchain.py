@@ -7,7 +7,7 @@ door naming the same model, and ``close()`` gives this model's handle on it back
 
 from __future__ import annotations
 
-import asyncio
+import json
 from operator import itemgetter
 from pathlib import Path
 from typing import Any, AsyncIterator, Iterator, Literal
@@ -26,7 +26,8 @@ from langchain_core.utils.function_calling import convert_to_json_schema, conver
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, create_model, model_validator
 
 from dlm_backend import chat
-from dlm_backend.adapters.common import KNOB_FIELDS, Handles, check_knob_values, constructor_args, knob_fields
+from dlm_backend.adapters.common import (KNOB_FIELDS, Handles, check_knob_values, constructor_args, display_name,
+                                         knob_fields, model_tokenizer, off_loop)
 from dlm_backend.engine.loader import context_length, default_model
 from dlm_backend.engine.params import DEFAULTS, FRAMEWORK_TAKEN
 from dlm_backend.errors import DLMError
@@ -45,6 +46,8 @@ class ChatDLM(create_model("_ChatDLMKnobs", __base__=BaseChatModel, **knob_field
     ``generation_config.json``), else the table's. ``cache`` is LangChain's response cache; the
     diffusion KV cache mode is ``kv_cache``. A misspelled or out-of-range argument is a DLMError
     at construction; ``close()`` gives the engine handle back (the next call takes a new one).
+    ``timeout`` (seconds, also per call) aborts a request that runs past it and raises a
+    ``TimeoutError`` (RequestTimeoutError); token counts use the model's tokenizer and chat template.
     """
 
     model_config = ConfigDict(populate_by_name=True, protected_namespaces=())
@@ -55,6 +58,7 @@ class ChatDLM(create_model("_ChatDLMKnobs", __base__=BaseChatModel, **knob_field
     stop: list[str] | None = Field(default=None, alias="stop_sequences")
     streaming: bool = False
     timeout: float | None = None
+    """Seconds a call may take, a first call's weight load included; past it the call raises."""
     max_retries: int = 0
     api_key: str | None = None
     """Accepted for interface compatibility; a local engine needs no key."""
@@ -80,7 +84,8 @@ class ChatDLM(create_model("_ChatDLMKnobs", __base__=BaseChatModel, **knob_field
 
     @property
     def model_name(self) -> str:
-        return self.model or default_model()
+        """The model as it was named (a folder or hub id), "dlm-tiny" for the embedded one (not its path)."""
+        return display_name(self.model)
 
     @property
     def _knobs(self) -> dict[str, Any]:
@@ -90,11 +95,11 @@ class ChatDLM(create_model("_ChatDLMKnobs", __base__=BaseChatModel, **knob_field
     @property
     def _identifying_params(self) -> dict[str, Any]:
         # LangChain's response cache keys on these (its own "stop" key is the per-call one).
-        return {"model": self.model_name, **self._knobs, "stop_sequences": self.stop}
+        return {"model": self.model or default_model(), **self._knobs, "stop_sequences": self.stop}
 
     def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
         params = super()._get_ls_params(stop=stop, **kwargs)
-        params["ls_model_name"] = kwargs.get("model") or self.model_name
+        params["ls_model_name"] = display_name(kwargs.get("model") or self.model)
         params["ls_max_tokens"] = kwargs.get("max_tokens", self.max_tokens or DEFAULTS.max_tokens)
         params["ls_temperature"] = kwargs.get("temperature", self.temperature or DEFAULTS.temperature)
         if stop or self.stop:
@@ -104,22 +109,31 @@ class ChatDLM(create_model("_ChatDLMKnobs", __base__=BaseChatModel, **knob_field
     def _resolve_model_profile(self):
         profile = {"tool_calling": True, "tool_choice": True, "tool_call_streaming": True,
                    "structured_output": True, "text_inputs": True, "text_outputs": True}
-        if Path(self.model_name).is_dir():       # a hub id's window is known once it is fetched, not here
+        path = self.model or default_model()
+        if Path(path).is_dir():                  # a hub id's window is known once it is fetched, not here
             try:
                 # prompt and canvas share the window: either may take nearly all of it
-                profile["max_input_tokens"] = profile["max_output_tokens"] = context_length(self.model_name)
+                profile["max_input_tokens"] = profile["max_output_tokens"] = context_length(path)
             except (DLMError, KeyError, ValueError):
                 pass                          # a broken config.json is reported when the model loads
         return profile
 
     def get_token_ids(self, text: str) -> list[int]:
-        return self._handles.get(self.model, self.device).tokenizer.encode(text)
+        """``text`` in the model's own tokens (its tokenizer alone is read: no weights load)."""
+        return model_tokenizer(self.model, self._handles, self.device).encode(text)
+
+    def get_num_tokens_from_messages(self, messages: list[BaseMessage], tools=None) -> int:
+        """The tokens these messages (and tools) take as a prompt, chat template included: what the
+        reply's ``usage_metadata["input_tokens"]`` reports for them (trim_messages counts with it)."""
+        return chat.count_prompt_tokens(model_tokenizer(self.model, self._handles, self.device),
+                                        convert_to_openai_messages(messages),
+                                        [convert_to_openai_tool(t) for t in tools or []] or None)
 
     # -- request building ---------------------------------------------------------------------
 
     def _request(self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict):
-        # The first call loads the weights (seconds for an 8B checkpoint): async callers run this in a
-        # worker thread so the event loop keeps serving.
+        # The first call loads the weights (seconds for an 8B checkpoint), and planning tokenizes:
+        # async callers run this in a worker thread so the event loop keeps serving.
         model = kwargs.pop("model", None) or self.model
         call = {k: kwargs.pop(k) for k in CALL_ARGS if k in kwargs}
         if stop is not None:
@@ -130,7 +144,7 @@ class ChatDLM(create_model("_ChatDLMKnobs", __base__=BaseChatModel, **knob_field
         request = chat.ChatRequest(messages=convert_to_openai_messages(messages), params=params,
                                    tools=call.get("tools"), tool_choice=call.get("tool_choice"),
                                    response_format=call.get("response_format"))
-        return llm, request, model or self.model_name
+        return llm, chat.Plan(llm, request), display_name(model)
 
     @staticmethod
     def _message(result: chat.ChatResult, model: str) -> AIMessage:
@@ -146,25 +160,37 @@ class ChatDLM(create_model("_ChatDLMKnobs", __base__=BaseChatModel, **knob_field
             response_metadata=_metadata(result, model),
             additional_kwargs=_parsed(result))
 
+    def _result(self, result: chat.ChatResult, model: str) -> ChatResult:
+        # llm_output as ChatOpenAI fills it: callbacks reading LLMResult.llm_output find usage there.
+        return ChatResult(generations=[ChatGeneration(message=self._message(result, model))],
+                          llm_output={"token_usage": dict(result.usage), "model_name": model, "model_provider": "dlm"})
+
+    def _combine_llm_outputs(self, llm_outputs: list[dict | None]) -> dict:
+        outputs = [o for o in llm_outputs if o]       # a batch's usage is summed, as ChatOpenAI does
+        keys = outputs[0]["token_usage"] if outputs else {}
+        usage = {k: sum(o["token_usage"].get(k, 0) for o in outputs) for k in keys}
+        return {"token_usage": usage, "model_name": self.model_name, "model_provider": "dlm"}
+
     def _generate(self, messages: list[BaseMessage], stop: list[str] | None = None,
                   run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any) -> ChatResult:
-        llm, request, model = self._request(messages, stop, kwargs)
-        return ChatResult(generations=[ChatGeneration(message=self._message(chat.complete(llm, request), model))])
+        deadline = chat.Deadline(kwargs.pop("timeout", self.timeout))
+        llm, plan, model = self._request(messages, stop, kwargs)
+        return self._result(chat.complete(llm, plan.request, plan, timeout=deadline), model)
 
     async def _agenerate(self, messages: list[BaseMessage], stop: list[str] | None = None,
                          run_manager: AsyncCallbackManagerForLLMRun | None = None, **kwargs: Any) -> ChatResult:
-        llm, request, model = await asyncio.to_thread(self._request, messages, stop, kwargs)
-        result = await chat.acomplete(llm, request)
-        return ChatResult(generations=[ChatGeneration(message=self._message(result, model))])
+        deadline = chat.Deadline(kwargs.pop("timeout", self.timeout))
+        llm, plan, model = await off_loop(deadline, self._request, messages, stop, kwargs)
+        return self._result(await chat.acomplete(llm, plan.request, plan, timeout=deadline), model)
 
     def _chunk(self, delta: chat.ChatDelta, model: str) -> ChatGenerationChunk:
         if delta.result is not None:
             msg = AIMessageChunk(content="", usage_metadata=_usage(delta.result), additional_kwargs=_parsed(delta.result),
                                  response_metadata=_metadata(delta.result, model), chunk_position="last")
         elif delta.tool_call is not None:
-            fn = delta.tool_call["function"]
-            msg = AIMessageChunk(content="", tool_call_chunks=[{"name": fn["name"], "args": fn["arguments"],
-                                                                 "id": delta.tool_call["id"], "index": delta.index,
+            fn = delta.tool_call["function"]          # a continuation chunk has argument text only
+            msg = AIMessageChunk(content="", tool_call_chunks=[{"name": fn.get("name"), "args": fn["arguments"],
+                                                                 "id": delta.tool_call.get("id"), "index": delta.index,
                                                                  "type": "tool_call_chunk"}])
         else:
             msg = AIMessageChunk(content=delta.content)
@@ -172,8 +198,9 @@ class ChatDLM(create_model("_ChatDLMKnobs", __base__=BaseChatModel, **knob_field
 
     def _stream(self, messages: list[BaseMessage], stop: list[str] | None = None,
                 run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any) -> Iterator[ChatGenerationChunk]:
-        llm, request, model = self._request(messages, stop, kwargs)
-        for delta in chat.stream(llm, request):
+        deadline = chat.Deadline(kwargs.pop("timeout", self.timeout))
+        llm, plan, model = self._request(messages, stop, kwargs)
+        for delta in chat.stream(llm, plan.request, plan, timeout=deadline):
             chunk = self._chunk(delta, model)
             if run_manager and delta.content:
                 run_manager.on_llm_new_token(delta.content, chunk=chunk)
@@ -182,8 +209,9 @@ class ChatDLM(create_model("_ChatDLMKnobs", __base__=BaseChatModel, **knob_field
     async def _astream(self, messages: list[BaseMessage], stop: list[str] | None = None,
                        run_manager: AsyncCallbackManagerForLLMRun | None = None,
                        **kwargs: Any) -> AsyncIterator[ChatGenerationChunk]:
-        llm, request, model = await asyncio.to_thread(self._request, messages, stop, kwargs)
-        async for delta in chat.astream(llm, request):
+        deadline = chat.Deadline(kwargs.pop("timeout", self.timeout))
+        llm, plan, model = await off_loop(deadline, self._request, messages, stop, kwargs)
+        async for delta in chat.astream(llm, plan.request, plan, timeout=deadline):
             chunk = self._chunk(delta, model)
             if run_manager and delta.content:
                 await run_manager.on_llm_new_token(delta.content, chunk=chunk)
@@ -261,7 +289,6 @@ def _read_parsed(model: type | None):
 
 
 def _args(call: dict) -> dict:
-    import json
     return json.loads(call["function"]["arguments"])
 
 

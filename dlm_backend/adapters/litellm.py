@@ -4,7 +4,17 @@ Install with ``pip install "dlm_backend[litellm]"``. ``dlm/default`` (or ``dlm/d
 embedded model; ``dlm/<folder or hub id>`` any other. Diffusion knobs (``steps``, ``block_length``,
 ``sampler``, ``threshold``, ``kv_cache``, ...) pass as extra keyword arguments; a misspelled one is
 an error naming the nearest. The first call for a model loads it; ``provider.close()`` gives the
-engines back (a later call loads again). For the LiteLLM proxy::
+engines back (a later call loads again).
+
+Errors are LiteLLM's own exceptions, as its built-in providers raise them: a refused request is a
+``litellm.BadRequestError`` whose ``param`` names the field (an OpenAI field not served here, such
+as ``n=2`` or ``logprobs``, its ``UnsupportedParamsError``), so a Router does not retry it (nor fall
+back, with ``fallback_on_unsupported_params=False``) and the proxy answers 400; an unknown model
+path is ``litellm.NotFoundError``, a prompt over the window ``litellm.ContextWindowExceededError``,
+and a request past its ``timeout`` is aborted and raises ``litellm.Timeout``. ``litellm.token_counter``
+counts with the model's tokenizer given ``custom_tokenizer=tokenizer("dlm/...")`` (LiteLLM adds
+OpenAI's per-message framing); :func:`token_counter` counts the prompt exactly as the engine sends
+it, chat template included. For the LiteLLM proxy::
 
     litellm_settings:
       custom_provider_map:
@@ -13,7 +23,7 @@ engines back (a later call loads again). For the LiteLLM proxy::
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 import time
 from pathlib import Path
 from typing import Any, AsyncIterator, Iterator
@@ -23,9 +33,12 @@ from litellm.llms.custom_llm import CustomLLM
 from litellm.types.utils import Choices, GenericStreamingChunk, Message, ModelResponse, Usage
 
 from dlm_backend import chat
-from dlm_backend.adapters.common import Handles
-from dlm_backend.engine.loader import EMBEDDED_MODEL, context_length, default_model
+from dlm_backend.adapters.common import Handles, model_tokenizer, off_loop
+from dlm_backend.engine.files import MAX_TOKENIZER_BYTES, read_checkpoint_file
+from dlm_backend.engine.loader import EMBEDDED_MODEL, context_length, default_model, resolve_checkpoint
 from dlm_backend.engine.params import FRAMEWORK_TAKEN
+from dlm_backend.errors import (CheckpointError, ContextLengthError, DLMError, EngineError, ModelNotFoundError,
+                                PluginError, QueueFullError, RequestTimeoutError, UnknownArchitectureError)
 
 PROVIDER = "dlm"
 #: ``dlm/default`` is ``$DLM_MODEL`` (else dlm-tiny); ``dlm/dlm-tiny`` is always the embedded model.
@@ -42,7 +55,8 @@ CALL_ARGS = ("tools", "tool_choice", "response_format", "stream", "stream_option
              "max_retries", "metadata")
 
 
-def _request(handles: Handles, model: str, messages: list, optional_params: dict) -> tuple:
+def _request(handles: Handles, model: str, messages: list, optional_params: dict) -> chat.Plan:
+    """The call planned (async callers run this off the loop: a first call loads the weights)."""
     params = dict(optional_params)
     params.update(params.pop("extra_body", None) or {})
     chat.refuse_unsupported(params)
@@ -51,7 +65,47 @@ def _request(handles: Handles, model: str, messages: list, optional_params: dict
     sampling = chat.request_params(llm, params, taken=FRAMEWORK_TAKEN, where="litellm.completion")
     request = chat.ChatRequest(messages, sampling, tools=call.get("tools"), tool_choice=call.get("tool_choice"),
                                response_format=call.get("response_format"))
-    return llm, request
+    return chat.Plan(llm, request)
+
+
+def _deadline(timeout) -> chat.Deadline:
+    """LiteLLM's ``timeout``: seconds, or an ``httpx.Timeout`` whose read timeout bounds the answer."""
+    seconds = getattr(timeout, "read", timeout)
+    return chat.Deadline(None if seconds is None else float(seconds))
+
+
+def _litellm_error(exc: DLMError, model: str) -> Exception:
+    """``exc`` as the LiteLLM exception its built-in providers raise for OpenAI's answer to the same
+    request, ``param`` included: LiteLLM passes its own types through, where any other exception
+    became an APIConnectionError (a 500 the Router retried and fell back on)."""
+    message = str(exc)
+    body = {"message": message, "type": "invalid_request_error", "param": exc.param, "code": None}
+    if type(exc) is DLMError and exc.param in chat.UNSUPPORTED:     # n=2, logprobs, ...: as for any provider
+        error = litellm.UnsupportedParamsError(message, llm_provider=PROVIDER, model=model)
+        error.param, error.type, error.code, error.body = exc.param, body["type"], None, body
+        return error
+    if isinstance(exc, RequestTimeoutError):
+        return litellm.Timeout(message, model=model, llm_provider=PROVIDER)
+    if isinstance(exc, ModelNotFoundError):
+        return litellm.NotFoundError(message, model, PROVIDER, body={**body, "code": "model_not_found"})
+    if isinstance(exc, ContextLengthError):
+        return litellm.ContextWindowExceededError(message, model, PROVIDER,
+                                                  body={**body, "code": "context_length_exceeded"})
+    if isinstance(exc, QueueFullError):
+        return litellm.RateLimitError(message, PROVIDER, model)
+    if isinstance(exc, EngineError):
+        return litellm.InternalServerError(message, PROVIDER, model)
+    if isinstance(exc, (CheckpointError, UnknownArchitectureError, PluginError)):   # the deployment, not the request
+        return litellm.ServiceUnavailableError(message, PROVIDER, model)
+    return litellm.BadRequestError(message, model, PROVIDER, body=body)
+
+
+@contextlib.contextmanager
+def _errors(model: str):
+    try:
+        yield
+    except DLMError as exc:
+        raise _litellm_error(exc, model) from exc
 
 
 def _fill(model_response: ModelResponse, result: chat.ChatResult, model: str) -> ModelResponse:
@@ -70,8 +124,8 @@ def _chunk(delta: chat.ChatDelta) -> GenericStreamingChunk:
     chunk: GenericStreamingChunk = {"text": delta.content, "is_finished": False, "finish_reason": "",
                                     "usage": None, "index": 0, "tool_use": None}
     if delta.tool_call is not None:
-        chunk["tool_use"] = {"id": delta.tool_call["id"], "type": "function", "index": delta.index,
-                             "function": dict(delta.tool_call["function"])}
+        chunk["tool_use"] = {"id": delta.tool_call.get("id"), "type": "function", "index": delta.index,
+                             "function": {"name": None, **delta.tool_call["function"]}}
     if delta.result is not None:
         u = delta.result.usage
         chunk.update(is_finished=True, finish_reason=delta.result.finish_reason,
@@ -96,31 +150,40 @@ class DLMProvider(CustomLLM):
     def completion(self, model: str, messages: list, api_base: str | None = None, custom_prompt_dict=None,
                    model_response: ModelResponse | None = None, print_verbose=None, encoding=None,
                    api_key=None, logging_obj=None, optional_params: dict | None = None, **kwargs: Any) -> ModelResponse:
-        llm, request = _request(self._handles, model, messages, optional_params or {})
-        return _fill(model_response or ModelResponse(), chat.complete(llm, request), model)
+        deadline = _deadline(kwargs.get("timeout"))
+        with _errors(model):
+            plan = _request(self._handles, model, messages, optional_params or {})
+            result = chat.complete(plan.llm, plan.request, plan, timeout=deadline)
+        return _fill(model_response or ModelResponse(), result, model)
 
     async def acompletion(self, model: str, messages: list, api_base: str | None = None, custom_prompt_dict=None,
                           model_response: ModelResponse | None = None, print_verbose=None, encoding=None,
                           api_key=None, logging_obj=None, optional_params: dict | None = None,
                           **kwargs: Any) -> ModelResponse:
-        # Off the event loop: the first request for a model loads its weights.
-        llm, request = await asyncio.to_thread(_request, self._handles, model, messages, optional_params or {})
-        return _fill(model_response or ModelResponse(), await chat.acomplete(llm, request), model)
+        deadline = _deadline(kwargs.get("timeout"))
+        with _errors(model):
+            plan = await off_loop(deadline, _request, self._handles, model, messages, optional_params or {})
+            result = await chat.acomplete(plan.llm, plan.request, plan, timeout=deadline)
+        return _fill(model_response or ModelResponse(), result, model)
 
     def streaming(self, model: str, messages: list, api_base: str | None = None, custom_prompt_dict=None,
                   model_response: ModelResponse | None = None, print_verbose=None, encoding=None, api_key=None,
                   logging_obj=None, optional_params: dict | None = None, **kwargs: Any) -> Iterator[GenericStreamingChunk]:
-        llm, request = _request(self._handles, model, messages, optional_params or {})
-        for delta in chat.stream(llm, request):
-            yield _chunk(delta)
+        deadline = _deadline(kwargs.get("timeout"))
+        with _errors(model):
+            plan = _request(self._handles, model, messages, optional_params or {})
+            for delta in chat.stream(plan.llm, plan.request, plan, timeout=deadline):
+                yield _chunk(delta)
 
     async def astreaming(self, model: str, messages: list, api_base: str | None = None, custom_prompt_dict=None,
                          model_response: ModelResponse | None = None, print_verbose=None, encoding=None,
                          api_key=None, logging_obj=None, optional_params: dict | None = None,
                          **kwargs: Any) -> AsyncIterator[GenericStreamingChunk]:
-        llm, request = await asyncio.to_thread(_request, self._handles, model, messages, optional_params or {})
-        async for delta in chat.astream(llm, request):
-            yield _chunk(delta)
+        deadline = _deadline(kwargs.get("timeout"))
+        with _errors(model):
+            plan = await off_loop(deadline, _request, self._handles, model, messages, optional_params or {})
+            async for delta in chat.astream(plan.llm, plan.request, plan, timeout=deadline):
+                yield _chunk(delta)
 
 
 provider = DLMProvider()
@@ -131,9 +194,12 @@ def register() -> None:
     entries = litellm.custom_provider_map or []
     if not any(e.get("provider") == PROVIDER for e in entries):
         litellm.custom_provider_map = [*entries, {"provider": PROVIDER, "custom_handler": provider}]
+    # Every cost is stated (a local model costs nothing): a custom price without the cache prices
+    # made LiteLLM warn about each entry on import.
     capabilities = {"litellm_provider": PROVIDER, "mode": "chat", "supports_function_calling": True,
                     "supports_tool_choice": True, "supports_response_schema": True,
-                    "input_cost_per_token": 0.0, "output_cost_per_token": 0.0}
+                    "input_cost_per_token": 0.0, "output_cost_per_token": 0.0,
+                    "cache_creation_input_token_cost": 0.0, "cache_read_input_token_cost": 0.0}
     models = {}
     for alias, path in ALIASES.items():
         folder = Path(path or default_model())
@@ -142,7 +208,30 @@ def register() -> None:
         window = {"max_input_tokens": n, "max_output_tokens": n} if n else {}
         models[f"{PROVIDER}/{alias}"] = {**capabilities, **window}
     litellm.register_model(models)
+    # LiteLLM loads its tiktoken encoding on a custom provider's first call (an argument it hands
+    # every handler), holding the GIL for 50-70 ms: an event-loop stall on the first acompletion.
+    # Loaded here, at import, that first call stalls the loop for under 10 ms.
+    litellm.encoding  # noqa: B018
+
+
+def tokenizer(model: str = "dlm/default") -> dict:
+    """The model's tokenizer for ``litellm.token_counter(model=..., custom_tokenizer=tokenizer(model),
+    messages=...)``, LiteLLM's hook for a model's own tokenizer (without it LiteLLM counts with
+    tiktoken). LiteLLM adds OpenAI's per-message framing; :func:`token_counter` is exact."""
+    folder = resolve_checkpoint(_model_path(model) or default_model(), patterns=["tokenizer*"])
+    data = read_checkpoint_file(folder, "tokenizer.json", MAX_TOKENIZER_BYTES)   # bounded, inside the folder
+    if data is None:
+        raise DLMError(f"{model} has no tokenizer.json, so its tokens cannot be counted.", param="model")
+    return litellm.create_tokenizer(data.decode("utf-8"))
+
+
+def token_counter(model: str = "dlm/default", messages: list | None = None, tools: list | None = None,
+                  tool_choice=None) -> int:
+    """The prompt tokens ``messages`` (and ``tools``) take for ``model``, chat template included:
+    the ``usage.prompt_tokens`` a completion of them reports (only the tokenizer is read)."""
+    return chat.count_prompt_tokens(model_tokenizer(_model_path(model), provider._handles), messages or [], tools,
+                                    tool_choice)
 
 
 register()
-__all__ = ["DLMProvider", "provider", "register", "EMBEDDED_MODEL"]
+__all__ = ["DLMProvider", "provider", "register", "token_counter", "tokenizer", "EMBEDDED_MODEL"]

@@ -3,12 +3,14 @@
 Install with ``pip install "dlm_backend[llamaindex]"``. A ``FunctionCallingLLM``, so query engines,
 chat engines and ``FunctionAgent`` use it directly; the engine loads on first use and ``close()``
 gives it back. Constructing a ``DLM`` changes no LlamaIndex setting. Its context window is in its
-own tokens, so count with them: ``Settings.tokenizer = llm.tokenizer``.
+own tokens, so count with them: ``Settings.tokenizer = llm.tokenizer`` (LlamaIndex reads token
+counts from that global only; a prompt it packed with other counts and overflows is an error that
+says so).
 """
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 import json
 from typing import Any, Callable, Sequence
 
@@ -22,10 +24,12 @@ from llama_index.core.llms.function_calling import FunctionCallingLLM
 from llama_index.core.llms.llm import ToolSelection
 
 from dlm_backend import chat
-from dlm_backend.adapters.common import KNOB_FIELDS, Handles, check_knob_values, constructor_args, knob_fields
+from dlm_backend.adapters.common import (KNOB_FIELDS, Handles, check_knob_values, constructor_args, display_name,
+                                         knob_fields, model_tokenizer, off_loop)
 from dlm_backend.engine.loader import context_length, default_model
 from dlm_backend.engine.params import DEFAULTS, FRAMEWORK_TAKEN
-from dlm_backend.errors import DLMError
+from dlm_backend.adapters.llamaindex_stream import Accumulator, overflow, partial_kwargs
+from dlm_backend.errors import ContextLengthError, DLMError
 
 #: Keyword arguments LlamaIndex passes besides knobs (chat_with_tools, structured_predict).
 CALL_ARGS = ("tools", "tool_choice", "response_format")
@@ -41,12 +45,15 @@ class DLM(create_model("_DLMKnobs", __base__=FunctionCallingLLM, **knob_fields(F
     LlamaIndex's splitters and prompt packing count tokens with ``Settings.tokenizer`` (tiktoken
     unless set), but ``metadata.context_window`` is in this model's tokens: dlm-tiny's vocabulary is
     4096 pieces, so a README of 3,733 tiktoken tokens is 8,714 of its own and a default query engine
-    packed 2.3x too much context. ``Settings.tokenizer = llm.tokenizer`` counts with the model's own.
+    packed 2.3x too much context. ``Settings.tokenizer = llm.tokenizer`` counts with the model's own
+    (set it before ``Settings.chunk_size``, whose splitter keeps the tokenizer it was made with).
+    ``timeout`` (seconds) aborts a call that runs past it with a ``TimeoutError`` (RequestTimeoutError).
     """
 
     model: str | None = Field(default=None, description="checkpoint folder or hub id (default: dlm-tiny)")
     device: str | None = Field(default=None)
     additional_kwargs: dict[str, Any] = Field(default_factory=dict, description="more knobs, by name")
+    timeout: float | None = Field(default=None, description="seconds a call may take, its first load included")
     _context_window: int | None = PrivateAttr(default=None)
     _handles: Handles = PrivateAttr(default_factory=Handles)
 
@@ -67,12 +74,12 @@ class DLM(create_model("_DLMKnobs", __base__=FunctionCallingLLM, **knob_fields(F
 
     @property
     def tokenizer(self) -> Callable[[str], list[int]]:
-        """Text -> this model's token ids, for ``Settings.tokenizer`` (the first count loads the
-        engine, as a first call would)."""
+        """Text -> this model's token ids, for ``Settings.tokenizer`` (only the tokenizer is read,
+        not the weights: LlamaIndex counts on the event loop)."""
         return self._count_tokens
 
     def _count_tokens(self, text: str) -> list[int]:
-        return self._llm.tokenizer.encode(text)
+        return model_tokenizer(self.model, self._handles, self.device).encode(text)
 
     def close(self) -> None:
         """Give this model's engine handle back; the last handle on an engine frees its weights."""
@@ -93,17 +100,32 @@ class DLM(create_model("_DLMKnobs", __base__=FunctionCallingLLM, **knob_fields(F
             self._context_window = context_length(self.model or default_model())
         return LLMMetadata(context_window=self._context_window, num_output=self.max_tokens or DEFAULTS.max_tokens,
                            is_chat_model=True, is_function_calling_model=True,
-                           model_name=self.model or default_model())
+                           model_name=display_name(self.model))
 
     # -- request building ---------------------------------------------------------------------
 
-    def _request(self, messages: Sequence[ChatMessage], kwargs: dict) -> chat.ChatRequest:
+    def _request(self, messages: Sequence[ChatMessage], kwargs: dict) -> chat.Plan:
+        # The first call loads the weights and planning tokenizes: async calls run this off the loop.
         call = {k: kwargs.pop(k) for k in CALL_ARGS if k in kwargs}
         fields = {name: getattr(self, name) for name in KNOB_FIELDS}
-        params = chat.request_params(self._llm, fields, self.additional_kwargs, kwargs, taken=FRAMEWORK_TAKEN,
+        llm = self._llm
+        params = chat.request_params(llm, fields, self.additional_kwargs, kwargs, taken=FRAMEWORK_TAKEN,
                                      where="DLM call")
-        return chat.ChatRequest([_to_openai(m) for m in messages], params, tools=call.get("tools"),
-                                tool_choice=call.get("tool_choice"), response_format=call.get("response_format"))
+        request = chat.ChatRequest([_to_openai(m) for m in messages], params, tools=call.get("tools"),
+                                   tool_choice=call.get("tool_choice"), response_format=call.get("response_format"))
+        with self._explained():
+            return chat.Plan(llm, request)
+
+    @contextlib.contextmanager
+    def _explained(self):
+        """A prompt over the window says so, and why when LlamaIndex packed it (see :func:`_overflow`)."""
+        try:
+            yield
+        except ContextLengthError as exc:
+            raise overflow(exc, self) from None
+
+    def _deadline(self, kwargs: dict) -> chat.Deadline:
+        return chat.Deadline(kwargs.pop("timeout", self.timeout))
 
     @staticmethod
     def _response(result: chat.ChatResult) -> ChatResponse:
@@ -120,33 +142,42 @@ class DLM(create_model("_DLMKnobs", __base__=FunctionCallingLLM, **knob_fields(F
 
     @llm_chat_callback()
     def chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
-        return self._response(chat.complete(self._llm, self._request(messages, kwargs)))
+        deadline = self._deadline(kwargs)
+        plan = self._request(messages, kwargs)
+        with self._explained():
+            return self._response(chat.complete(plan.llm, plan.request, plan, timeout=deadline))
 
     @llm_chat_callback()
     async def achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
-        request = await asyncio.to_thread(self._request, messages, kwargs)    # the first call loads weights
-        return self._response(await chat.acomplete(self._llm, request))
+        deadline = self._deadline(kwargs)
+        plan = await off_loop(deadline, self._request, messages, kwargs)
+        with self._explained():
+            return self._response(await chat.acomplete(plan.llm, plan.request, plan, timeout=deadline))
 
     @llm_chat_callback()
     def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
-        request = self._request(messages, kwargs)
+        deadline = self._deadline(kwargs)
+        plan = self._request(messages, kwargs)
 
         def gen() -> ChatResponseGen:
-            accumulate = _Accumulator()
-            for delta in chat.stream(self._llm, request):
-                if (response := accumulate(delta)) is not None:
-                    yield response
+            accumulate = Accumulator(DLM._response)
+            with self._explained():
+                for delta in chat.stream(plan.llm, plan.request, plan, timeout=deadline):
+                    if (response := accumulate(delta)) is not None:
+                        yield response
         return gen()
 
     @llm_chat_callback()
     async def astream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseAsyncGen:
-        request = await asyncio.to_thread(self._request, messages, kwargs)
+        deadline = self._deadline(kwargs)
+        plan = await off_loop(deadline, self._request, messages, kwargs)
 
         async def gen() -> ChatResponseAsyncGen:
-            accumulate = _Accumulator()
-            async for delta in chat.astream(self._llm, request):
-                if (response := accumulate(delta)) is not None:
-                    yield response
+            accumulate = Accumulator(DLM._response)
+            with self._explained():
+                async for delta in chat.astream(plan.llm, plan.request, plan, timeout=deadline):
+                    if (response := accumulate(delta)) is not None:
+                        yield response
         return gen()
 
     # Completion goes through the chat template too: instruct checkpoints answer in chat form.
@@ -173,6 +204,24 @@ class DLM(create_model("_DLMKnobs", __base__=FunctionCallingLLM, **knob_fields(F
             async for r in await self.astream_chat([ChatMessage(role=MessageRole.USER, content=prompt)], **kwargs):
                 yield CompletionResponse(text=r.message.content or "", delta=r.delta, raw=r.raw)
         return gen()
+
+    # -- structured output -----------------------------------------------------------------------
+
+    def _structured_stream_call(self, output_cls, prompt, llm_kwargs=None, **prompt_args):
+        """Streamed structured prediction forces its one tool, as ``structured_predict`` does (LlamaIndex's
+        stream path leaves the choice to the model): the call's arguments are then written a value at a
+        time and each value streams, so the partial objects are real and the last is the whole answer."""
+        return self._forced_program(output_cls, prompt).stream_call(llm_kwargs=llm_kwargs, **prompt_args)
+
+    async def _structured_astream_call(self, output_cls, prompt, llm_kwargs=None, **prompt_args):
+        return await self._forced_program(output_cls, prompt).astream_call(llm_kwargs=llm_kwargs, **prompt_args)
+
+    def _forced_program(self, output_cls, prompt):
+        from llama_index.core.program.function_program import FunctionCallingProgram, get_function_tool
+
+        name = get_function_tool(output_cls).metadata.name
+        return FunctionCallingProgram.from_defaults(output_cls=output_cls, llm=self, prompt=prompt,
+                                                    tool_choice={"type": "function", "function": {"name": name}})
 
     # -- tools -------------------------------------------------------------------------------
 
@@ -202,26 +251,14 @@ class DLM(create_model("_DLMKnobs", __base__=FunctionCallingLLM, **knob_fields(F
         calls = [ToolSelection(tool_id=b.tool_call_id or "", tool_name=b.tool_name,
                                tool_kwargs=b.tool_kwargs if isinstance(b.tool_kwargs, dict) else json.loads(b.tool_kwargs))
                  for b in response.message.blocks if isinstance(b, ToolCallBlock)]
+        if not calls:                         # a streamed response: partial calls, arguments still being written
+            calls = [ToolSelection(tool_id=c["id"] or "", tool_name=c["function"]["name"] or "",
+                                   tool_kwargs=partial_kwargs(c["function"]["arguments"]))
+                     for c in response.message.additional_kwargs.get("tool_calls") or []
+                     if isinstance(c, dict) and "function" in c]
         if not calls and error_on_no_tool_call:
             raise ValueError(f"Expected at least one tool call, got: {response.message.content!r}")
         return calls
-
-
-class _Accumulator:
-    """Streamed deltas as LlamaIndex responses: the text so far plus the new piece; tool calls and
-    usage arrive on the final response."""
-
-    def __init__(self):
-        self.text = ""
-
-    def __call__(self, delta: chat.ChatDelta) -> ChatResponse | None:
-        if delta.result is not None:
-            final = DLM._response(delta.result)
-            return ChatResponse(message=final.message, delta="", raw=final.raw)
-        if not delta.content:
-            return None
-        self.text += delta.content
-        return ChatResponse(message=ChatMessage(role=MessageRole.ASSISTANT, content=self.text), delta=delta.content)
 
 
 def _to_openai(message: ChatMessage) -> dict:

@@ -10,7 +10,8 @@ into engine passes, ``run`` runs them, ``options`` reads a front door's argument
 from dlm_backend.chat.messages import ChatDelta, ChatRequest, ChatResult, normalize_messages
 from dlm_backend.chat.options import UNSUPPORTED, refuse_unsupported, request_params
 from dlm_backend.chat.plan import Plan
-from dlm_backend.chat.run import acomplete, astream, complete, stream
+from dlm_backend.chat.prompt import count_prompt_tokens
+from dlm_backend.chat.run import Deadline, acomplete, astream, complete, stream
 
-__all__ = ["ChatDelta", "ChatRequest", "ChatResult", "Plan", "acomplete", "astream", "complete",
-           "normalize_messages", "refuse_unsupported", "request_params", "stream", "UNSUPPORTED"]
+__all__ = ["ChatDelta", "ChatRequest", "ChatResult", "Deadline", "Plan", "acomplete", "astream", "complete",
+           "count_prompt_tokens", "normalize_messages", "refuse_unsupported", "request_params", "stream", "UNSUPPORTED"]

@@ -110,7 +110,10 @@ class ChatResult:
 
 @dataclass
 class ChatDelta:
-    """A streamed event: new content text, or one complete tool call; the last has ``result``."""
+    """A streamed event: new content text, or a tool-call chunk in OpenAI's streaming form: a whole
+    call, or, for a call streamed as it is written, its first chunk (id, type, name and the first
+    argument text) then chunks of argument text only (``{"function": {"arguments": ...}}``), all with
+    the call's ``index``. The last event has ``result``."""
 
     content: str = ""
     tool_call: dict | None = None

@@ -24,12 +24,12 @@ import uuid
 from dataclasses import dataclass
 from typing import Generator
 
-from dlm_backend.chat.messages import ChatRequest, ChatResult, normalize_messages
-from dlm_backend.chat.prompt import encode_chat, prompt_limit
+from dlm_backend.chat.messages import ChatRequest, ChatResult
+from dlm_backend.chat.prompt import prompt_ids, prompt_limit
 from dlm_backend.chat.schema import Budget, validates
 from dlm_backend.chat.json_writer import JsonWriter, Written
 from dlm_backend.chat.structured import JsonPlan, check_fits, nearest, plan_json, templatable
-from dlm_backend.chat.tool_calls import (CLOSE, NAME_HEAD, NAME_SLOTS, OPEN, fallback_messages, normalize_tools,
+from dlm_backend.chat.tool_calls import (CLOSE, NAME_HEAD, NAME_SLOTS, OPEN, normalize_tools,
                                          parse_tool_calls, tool_choice_name)
 from dlm_backend.engine.outputs import GenerationOutput
 from dlm_backend.engine.params import SamplingParams
@@ -104,14 +104,11 @@ class Plan:
         forced = tool_choice_name(request.tool_choice, self.tools)
         if forced == "none":
             self.tools, forced = None, None
-        messages = normalize_messages(request.messages)
-        has_tool_turns = any(m["role"] == "tool" or m.get("tool_calls") for m in messages)
         limit = prompt_limit(llm, self.params.max_tokens, max_prompt_tokens)
-        if (self.tools or has_tool_turns) and not self.tokenizer.renders_tools:  # e.g. LLaDA: tools as text
-            self.prompt_ids = encode_chat(self.tokenizer, fallback_messages(messages, self.tools), limit=limit)
-        else:
-            self.prompt_ids = encode_chat(self.tokenizer, messages, tools=self.tools, limit=limit)
+        self.prompt_ids = prompt_ids(self.tokenizer, request.messages, self.tools, limit)   # what counters count
         self.shape: Shape = self._shape(forced, request, budget)
+        #: the id of a forced call (streamed chunks of its arguments and the final call share it)
+        self.call_id = f"call_{uuid.uuid4().hex[:24]}"
 
     @property
     def params(self) -> SamplingParams:
@@ -242,9 +239,11 @@ class Plan:
         output = dataclasses.replace(output or _no_pass(self.prompt_ids), text=writer.settled)
         reason = "length" if writer.cut else "stop"
         if isinstance(self.shape, Call):
-            call = {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+            call = {"id": self.call_id, "type": "function",
                     "function": {"name": self.shape.name, "arguments": writer.text}}
-            return ChatResult("", [call], "tool_calls", output, earlier=list(spent))
+            # A call cut by the budget is still sent (its JSON is closed), flagged as OpenAI does.
+            return ChatResult("", [call], "length" if writer.cut else "tool_calls", output,
+                              earlier=list(spent))
         parsed = writer.value if self.shape.plan.matches(writer.value) else None
         return ChatResult(writer.text, [], reason, output, parsed, earlier=list(spent))
 

@@ -24,6 +24,7 @@ import threading
 import weakref
 
 from dlm_backend.chat.messages import normalize_messages
+from dlm_backend.chat.tool_calls import fallback_messages, normalize_tools, tool_choice_name
 from dlm_backend.errors import ContextLengthError
 
 COMPOSITION = 4
@@ -87,3 +88,24 @@ def prompt_limit(llm, max_tokens: int, max_prompt_tokens: int | None = None) -> 
     if max_prompt_tokens is not None and max_prompt_tokens < context - max_tokens:
         return max_prompt_tokens, f"this server's prompt limit of {max_prompt_tokens} tokens"
     return context - max_tokens, f"the model's context of {context} less max_tokens {max_tokens}"
+
+
+def prompt_ids(tokenizer, messages: list[dict], tools: list[dict] | None = None,
+               limit: tuple[int, str] | None = None) -> list[int]:
+    """The prompt a chat request sends: ``messages`` and ``tools`` (normalized) through the chat
+    template, or, where the template writes no tool listing (LLaDA's), tools and tool turns as text."""
+    messages = normalize_messages(messages)
+    has_tool_turns = any(m["role"] == "tool" or m.get("tool_calls") for m in messages)
+    if (tools or has_tool_turns) and not tokenizer.renders_tools:
+        return encode_chat(tokenizer, fallback_messages(messages, tools), limit=limit)
+    return encode_chat(tokenizer, messages, tools=tools, limit=limit)
+
+
+def count_prompt_tokens(tokenizer, messages: list[dict], tools: list[dict] | None = None, tool_choice=None) -> int:
+    """Tokens of the prompt these messages and tools make, as a request sends it: what the
+    engine reports as ``usage.prompt_tokens``. Never refused for length (a trimmer counts the
+    conversation it is about to shorten)."""
+    tools = normalize_tools(tools)
+    if tool_choice_name(tool_choice, tools) == "none":
+        tools = None
+    return len(prompt_ids(tokenizer, messages, tools))

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 from safetensors import SafetensorError, safe_open
+from torch.overrides import TorchFunctionMode
 from tqdm.auto import tqdm
 
 from dlm_backend.engine.loader import _from_config, safetensors_files
@@ -45,12 +46,29 @@ def _check_layer_count(files: list[Path], num_layers: int, folder: Path) -> None
                               "config.json and weights disagree: fix num_hidden_layers or re-download.")
 
 
+class _NoMetaInit(TorchFunctionMode):
+    """Skip ``torch.nn.init`` on meta tensors while a model is built (the weights replace them).
+
+    On the meta device torch runs those initialisers through its Python references, whose first use
+    imports ``torch._dynamo``: over a second of a first load, and, in a worker thread, event-loop
+    stalls of 100-250 ms while that import holds the GIL. A mode is per thread, so other threads'
+    initialisers are untouched.
+    """
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        tensor = args[0] if args else kwargs.get("tensor")
+        if getattr(func, "__module__", None) == "torch.nn.init" and isinstance(tensor, torch.Tensor) and tensor.is_meta:
+            return tensor
+        return func(*args, **kwargs)
+
+
 def load_model(folder: Path, config: dict, device: torch.device, dtype: torch.dtype) -> DiffusionLM:
     """Build the registered implementation for ``config`` and fill it from the safetensors files."""
     cls = resolve_model_class(config)
     files = safetensors_files(folder)
     _check_layer_count(files, _from_config(cls.args_from_config, config).num_layers, folder)
-    with torch.device("meta"):
+    with _NoMetaInit(), torch.device("meta"):
         model = _from_config(cls.from_config, config)
     expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
     state: dict[str, torch.Tensor] = {}

@@ -127,3 +127,57 @@ def test_a_loading_model_does_not_hold_up_a_loaded_one(fresh_model, dream_chat, 
     finally:
         release.set()
         loader.join(10)
+
+
+#: The bar is 50 ms (measured: 7-45 ms here, 160-260 ms before, 1.1-1.7 s for LlamaIndex's aquery and
+#: chat engine); a shared 2-core test machine adds scheduling noise, so the test allows 100 ms.
+STALL_LIMIT_MS = 100
+DOORS = ["langchain_ainvoke", "langchain_astream", "llamaindex_achat", "llamaindex_aquery", "llamaindex_chat_engine",
+         "llamaindex_function_agent", "litellm_acompletion"]
+
+
+@pytest.mark.parametrize("door", DOORS)
+def test_no_first_async_call_stalls_the_event_loop(tmp_path, door):
+    """A ticking coroutine runs through the door's first call, which loads its model, in a fresh
+    process. The loop stalled while the load imported torch._dynamo in a worker thread (the import
+    holds the GIL), while LlamaIndex's token counting loaded the weights on the loop, and while a
+    request was planned (tokenized) on it."""
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from dlm_backend.engine.loader import EMBEDDED_MODEL
+
+    pytest.importorskip({"langchain": "langchain_core", "llamaindex": "llama_index.core",
+                         "litellm": "litellm"}[door.split("_")[0]])
+    model = shutil.copytree(EMBEDDED_MODEL, tmp_path / "dlm-tiny")    # its window holds LlamaIndex's prompts
+    probe = Path(__file__).with_name("stall_probe.py")
+    out = subprocess.run([sys.executable, str(probe), door, str(model)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    stall = float(out.stdout.strip().splitlines()[-1])
+    assert stall < STALL_LIMIT_MS, f"{door}: the loop stalled {stall:.0f} ms"
+
+
+def test_a_request_is_planned_off_the_loop(dream_chat, monkeypatch):
+    """Planning tokenizes the prompt and renders the template (and the first request of a model
+    measures its vocabulary): chat.acomplete did it on the event loop."""
+    from dlm_backend import LLM, chat
+
+    threads, real = [], chat.Plan.__init__
+
+    def recording(self, *args, **kwargs):
+        threads.append(threading.get_ident())
+        real(self, *args, **kwargs)
+
+    monkeypatch.setattr(chat.Plan, "__init__", recording)
+    llm = LLM(str(dream_chat))
+    request = chat.ChatRequest(MESSAGES, llm.sampling_params(**KNOBS))
+
+    async def main():
+        await chat.acomplete(llm, request)
+        async for _ in chat.astream(llm, request):
+            pass
+        return threading.get_ident()
+    loop_thread = asyncio.run(main())
+    assert len(threads) == 2 and loop_thread not in threads

@@ -81,7 +81,9 @@ def test_tool_choice_none_and_forced_streams(dream_chat):
     assert none.tool_calls == [] and none.invalid_tool_calls == []
     chunks = list(model.bind_tools([get_weather], tool_choice="get_weather").stream("weather in Oslo?"))
     calls = [c for chunk in chunks for c in chunk.tool_call_chunks]
-    assert [c["name"] for c in calls] == ["get_weather"]            # a forced call is a skeleton: it parses
+    # A forced call streams as written: its name once, then argument fragments of the same call.
+    assert calls[0]["name"] == "get_weather" and all(c["name"] is None for c in calls[1:])
+    assert len({c["index"] for c in calls}) == 1
     merged = chunks[0]
     for chunk in chunks[1:]:
         merged += chunk
@@ -112,3 +114,34 @@ def test_every_knob_is_a_field_and_a_misspelled_one_is_refused(dream_chat):
     assert model.invoke("hi").response_metadata["finish_reason"] in ("stop", "length")
     with pytest.raises(SamplingParamsError, match="Did you mean 'threshold'"):
         model.invoke("hi", thresold=0.5)
+
+
+def test_model_names_are_readable_and_llm_output_carries_usage():
+    """ls_model_name and response_metadata["model_name"] were the embedded model's path inside the
+    installed package, and LLMResult.llm_output was None: ChatOpenAI fills it with token_usage and
+    model_name, and callbacks that read only llm_output (usage trackers) saw nothing."""
+    from langchain_core.callbacks import BaseCallbackHandler
+    from langchain_core.messages import HumanMessage
+
+    class Outputs(BaseCallbackHandler):
+        seen: list = []
+
+        def on_llm_end(self, response, **kwargs):
+            self.seen.append(response.llm_output)
+
+    model = ChatDLM(max_tokens=8, block_length=8)
+    assert model._get_ls_params()["ls_model_name"] == "dlm-tiny"
+    reply = model.invoke("hi", config={"callbacks": [Outputs()]})
+    assert reply.response_metadata["model_name"] == "dlm-tiny"
+    [output] = Outputs.seen
+    assert output["model_name"] == "dlm-tiny"
+    assert output["token_usage"]["prompt_tokens"] == reply.usage_metadata["input_tokens"]
+    batch = model.generate([[HumanMessage("hi")], [HumanMessage("hello there")]])    # a batch's usage is summed
+    usage = [g[0].message.usage_metadata for g in batch.generations]
+    assert batch.llm_output["token_usage"]["total_tokens"] == sum(u["total_tokens"] for u in usage)
+
+
+def test_a_named_model_keeps_the_name_it_was_given(dream_chat):
+    model = ChatDLM(model=str(dream_chat), max_tokens=4, block_length=4)
+    assert model._get_ls_params()["ls_model_name"] == str(dream_chat)
+    assert model.invoke("hi").response_metadata["model_name"] == str(dream_chat)

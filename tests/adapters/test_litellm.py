@@ -1,6 +1,7 @@
 """The LiteLLM provider: registration on import, completion, streaming, async, extra knobs."""
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -63,7 +64,9 @@ def test_streamed_tool_call(dream_chat):
     for chunks in (list(litellm.completion(**kwargs)),
                    asyncio.run(_collect(litellm.acompletion(**kwargs)))):
         calls = [tc for c in chunks for tc in (c.choices[0].delta.tool_calls or [])]
-        assert [tc.function.name for tc in calls] == ["get_weather"], chunks
+        # A forced call streams as written: its name in the first chunk, argument text after.
+        assert calls[0].function.name == "get_weather" and all(not tc.function.name for tc in calls[1:])
+        assert set(json.loads("".join(tc.function.arguments for tc in calls))) == {"city"}, chunks
 
 
 async def _collect(response):
@@ -80,14 +83,84 @@ def test_aliases_name_the_embedded_model_and_the_default():
     assert litellm.get_model_info("dlm/dlm-tiny")["max_input_tokens"] == 2048   # from its config.json
 
 
-@pytest.mark.parametrize("extra,match", [
-    ({"n": 3}, "n=3 is not supported: one choice per request"),
-    ({"logprobs": True}, "logprobs=True is not supported"),
-    ({"top_logprobs": 2, "logprobs": False}, "top_logprobs=2 is not supported"),
-    ({"functions": [{"name": "f", "parameters": {"type": "object"}}]}, "pass tools"),
+@pytest.mark.parametrize("extra,param,match", [
+    ({"n": 3}, "n", "n=3 is not supported: one choice per request"),
+    ({"logprobs": True}, "logprobs", "logprobs=True is not supported"),
+    ({"top_logprobs": 2, "logprobs": False}, "top_logprobs", "top_logprobs=2 is not supported"),
+    ({"functions": [{"name": "f", "parameters": {"type": "object"}}]}, "functions", "pass tools"),
 ])
-def test_fields_the_backend_does_not_serve_are_errors_not_dropped(dream_chat, extra, match):
-    """They reached the handler and were dropped: n=3 gave one choice, logprobs=True none, with no word."""
-    with pytest.raises(Exception, match=match):
+def test_fields_the_backend_does_not_serve_are_errors_not_dropped(dream_chat, extra, param, match):
+    """They reached the handler and were dropped: n=3 gave one choice, logprobs=True none, with no
+    word. Refused, they are LiteLLM's UnsupportedParamsError (a BadRequestError), as for a built-in
+    provider that lacks the parameter: an APIConnectionError before, which a Router retried."""
+    with pytest.raises(litellm.UnsupportedParamsError, match=match) as err:
         litellm.completion(model=f"dlm/{dream_chat}", messages=[{"role": "user", "content": "hi"}], max_tokens=8,
                            **extra)
+    assert err.value.status_code == 400 and err.value.param == param and err.value.llm_provider == "dlm"
+
+
+HI = [{"role": "user", "content": "hi"}]
+
+
+@pytest.mark.parametrize("how", ["completion", "acompletion", "stream", "astream"])
+@pytest.mark.parametrize("extra,error,status,param", [
+    ({"n": 2}, "UnsupportedParamsError", 400, "n"),
+    ({"temperature": 5}, "BadRequestError", 400, "temperature"),       # OpenAI's maximum is 2
+    ({"max_tokens": 100_000}, "ContextWindowExceededError", 400, "max_tokens"),
+    ({"model": "dlm//no/such/model"}, "NotFoundError", 404, None),
+])
+def test_errors_are_litellms_own_types(dream_chat, how, extra, error, status, param):
+    kwargs = {"model": f"dlm/{dream_chat}", "messages": HI, "max_tokens": 8, **extra}
+
+    async def astream():
+        return [c async for c in await litellm.acompletion(stream=True, **kwargs)]
+    calls = {"completion": lambda: litellm.completion(**kwargs), "stream": lambda: list(litellm.completion(stream=True, **kwargs)),
+             "acompletion": lambda: asyncio.run(litellm.acompletion(**kwargs)), "astream": lambda: asyncio.run(astream())}
+    with pytest.raises(getattr(litellm, error)) as err:
+        calls[how]()
+    assert err.value.status_code == status and err.value.llm_provider == "dlm"
+    if param:
+        assert err.value.param == param
+
+
+def test_a_router_neither_retries_nor_falls_back_on_a_refused_request(dream_chat):
+    """A refusal surfaced as APIConnectionError: the Router retried it num_retries times, then
+    answered from the fallback. As a BadRequestError it is tried once, and with
+    fallback_on_unsupported_params=False (LiteLLM's switch for exactly this) never falls back."""
+    import dlm_backend.adapters.litellm as adapter
+
+    calls = []
+    original = adapter.provider.completion
+
+    def counted(*args, **kwargs):
+        calls.append(kwargs.get("optional_params"))
+        return original(*args, **kwargs)
+
+    adapter.provider.completion = counted
+    try:
+        for fallback in (True, False):
+            calls.clear()
+            router = litellm.Router(model_list=[
+                {"model_name": "dlm", "litellm_params": {"model": f"dlm/{dream_chat}", "max_tokens": 8}},
+                {"model_name": "backup", "litellm_params": {"model": "openai/gpt-4o", "api_key": "unused",
+                                                            "mock_response": "from the backup"}}],
+                fallbacks=[{"dlm": ["backup"]}], num_retries=2, fallback_on_unsupported_params=fallback)
+            if fallback:                    # LiteLLM's default: any error goes to the fallback, once
+                assert router.completion(model="dlm", messages=HI, n=2).choices[0].message.content == "from the backup"
+            else:
+                with pytest.raises(litellm.BadRequestError, match="n=2 is not supported"):
+                    router.completion(model="dlm", messages=HI, n=2)
+            assert len(calls) == 1                                        # not retried
+        assert router.completion(model="dlm", messages=HI).choices[0].message.content != "from the backup"
+    finally:
+        adapter.provider.completion = original
+
+
+def test_import_prints_no_cost_map_warnings():
+    """register_model warned for each dlm/ entry: a custom price without the cache prices."""
+    code = ("import os; os.environ['LITELLM_LOCAL_MODEL_COST_MAP'] = 'True'\n"
+            "import litellm, dlm_backend.adapters.litellm\n"
+            "print(litellm.model_cost['dlm/dlm-tiny']['input_cost_per_token'])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "0.0" and "WARNING" not in out.stderr + out.stdout, out.stderr

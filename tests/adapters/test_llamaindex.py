@@ -126,6 +126,53 @@ def test_a_default_query_engine_over_a_long_document_fits_the_window(no_global_t
     assert isinstance(answer.response, str) and answer.source_nodes
 
 
+@pytest.fixture
+def fresh_settings():
+    """LlamaIndex's globals as a new program finds them, restored afterwards."""
+    import llama_index.core
+    from llama_index.core import Settings
+
+    names = ("_llm", "_embed_model", "_node_parser", "_prompt_helper", "_chat_prompt_helper", "_transformations")
+    saved = {n: getattr(Settings, n) for n in names}, llama_index.core.global_tokenizer
+    for n in names:
+        setattr(Settings, n, None)
+    llama_index.core.global_tokenizer = None
+    yield Settings
+    for n, value in saved[0].items():
+        setattr(Settings, n, value)
+    llama_index.core.global_tokenizer = saved[1]
+
+
+@pytest.mark.parametrize("counts_with_the_model", [True, False])
+def test_chunk_size_set_before_the_llm(fresh_settings, counts_with_the_model):
+    """Settings.chunk_size before Settings.llm builds the splitter with tiktoken, and LlamaIndex reads
+    token counts from that global only (no LLM hook): a long-document query packed 2,737 + 256 tokens
+    into a 2,048 window. With the documented line it fits; without it the error says what to do."""
+    from pathlib import Path
+    from llama_index.core import Document, VectorStoreIndex
+    from llama_index.core.embeddings import MockEmbedding
+
+    from dlm_backend.errors import ContextLengthError
+
+    Settings = fresh_settings
+    Settings.chunk_size = 1024
+    llm = DLM(max_tokens=32)
+    Settings.llm = llm
+    if counts_with_the_model:
+        Settings.tokenizer = llm.tokenizer
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    index = VectorStoreIndex.from_documents([Document(text=readme)], embed_model=MockEmbedding(embed_dim=8))
+    if counts_with_the_model:
+        assert index.as_query_engine().query("What is dlm-tiny?").source_nodes
+    else:
+        with pytest.raises(ContextLengthError, match=r"Settings.tokenizer = llm.tokenizer"):
+            index.as_query_engine().query("What is dlm-tiny?")
+
+
+def test_metadata_names_the_model_readably():
+    assert DLM().metadata.model_name == "dlm-tiny"           # was the path inside the installed package
+
+
 def test_every_knob_is_a_field(dream_chat):
     from dlm_backend.engine.params import KNOBS
 

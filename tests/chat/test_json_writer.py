@@ -93,6 +93,24 @@ def test_a_value_that_does_not_close_is_cut_at_the_answer_budget(tmp_path, dream
     assert 0 < len(llm.tokenizer.encode(result.content)) <= 96
 
 
+def test_a_forced_call_cut_at_the_budget_is_sent_closed_with_finish_reason_length(tmp_path, dream_chat):
+    """As OpenAI flags a call the budget truncated; its stream's chunks join to the same arguments."""
+    call = '<tool_call>\n{"name": "note", "arguments": ' + json.dumps({"text": LONG * 4}) + "}\n</tool_call>"
+    llm = LLM(str(write_scripted_checkpoint(tmp_path / "dream", dream_chat, call, MARKERS["dream"])))
+    tool = {"type": "function", "function": {"name": "note", "parameters": {
+        "type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}}}
+    request = ChatRequest([{"role": "user", "content": "x"}],
+                          SamplingParams(sampler="llada", max_tokens=96, block_length=8, cache="none"),
+                          tools=[tool], tool_choice="note")
+    result = complete(llm, request)
+    [call] = result.tool_calls
+    assert result.finish_reason == "length"
+    assert (LONG * 4).startswith(json.loads(call["function"]["arguments"])["text"])
+    deltas = list(stream(llm, request))
+    streamed = "".join(d.tool_call["function"]["arguments"] for d in deltas if d.tool_call)
+    assert streamed == call["function"]["arguments"] and deltas[-1].result.finish_reason == "length"
+
+
 def test_an_answer_with_no_room_for_its_values_still_parses_and_bills_nothing_twice(tmp_path, dream_chat):
     llm = scripted_llm(tmp_path, dream_chat, "dream", {"text": "hello"})
     fmt = {"type": "json_schema", "json_schema": {"name": "t", "schema": {

@@ -61,7 +61,11 @@ def test_a_forced_call_streams_no_content_as_complete_gives_none(dream_chat):
                           tool_choice={"type": "function", "function": {"name": "get_weather"}})
     deltas = list(stream(llm, request))
     assert "".join(d.content for d in deltas) == "" == deltas[-1].result.content
-    assert [d.tool_call["function"]["name"] for d in deltas if d.tool_call] == ["get_weather"]
+    chunks = [d.tool_call for d in deltas if d.tool_call]
+    assert chunks[0]["function"]["name"] == "get_weather" and chunks[0]["id"]
+    assert all(set(c) == {"function"} and set(c["function"]) == {"arguments"} for c in chunks[1:])
+    arguments = "".join(c["function"]["arguments"] for c in chunks)
+    assert arguments == deltas[-1].result.tool_calls[0]["function"]["arguments"]
 
 
 def test_any_of_several_tools_async_and_streamed(dream_chat):
@@ -81,5 +85,7 @@ def test_any_of_several_tools_async_and_streamed(dream_chat):
     results = [asyncio.run(acomplete(llm, req)), list(stream(llm, req))[-1].result, asyncio.run(streamed())[-1].result]
     for result in results:
         [call] = result.tool_calls
-        assert call["function"]["name"] in ("get_weather", "get_time") and result.finish_reason == "tool_calls"
+        # random weights may run a string to the budget: the call still comes, flagged "length"
+        assert call["function"]["name"] in ("get_weather", "get_time")
+        assert result.finish_reason in ("tool_calls", "length")
         assert isinstance(json.loads(call["function"]["arguments"]), dict)

@@ -252,6 +252,20 @@ def test_client_timeout_on_a_non_streaming_request_frees_the_slot(slow):
     assert engine.num_running == 0
 
 
+def test_the_openai_clients_timeout_frees_the_slot(slow):
+    """The openai client's own timeout (as ChatOpenAI(timeout=...) sets it) raises its
+    APITimeoutError, and the server aborts the request it left behind."""
+    openai = pytest.importorskip("openai")
+    url, engine = slow
+    aborted = engine.stats.finished["abort"]
+    client = openai.OpenAI(base_url=url + "/v1", api_key="unused", timeout=0.3, max_retries=0)
+    with pytest.raises(openai.APITimeoutError):
+        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "too slow"}],
+                                       extra_body={"block_length": 8, **LONG})
+    assert wait_for(lambda: engine.stats.finished["abort"] == aborted + 1, timeout=2.5)
+    assert engine.num_running == 0
+
+
 def test_a_request_failing_inside_the_engine_fails_alone(dream_chat):
     app = create_app(config=ServerConfig(model=str(dream_chat), served_name="tiny", limits=EngineLimits(max_num_seqs=8)))
     llm = app.state.llm()
