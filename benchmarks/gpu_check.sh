@@ -2,7 +2,8 @@
 # One-shot GPU check (target: an H200 with no network, a plain copy of the repo, no .venv), < 9.5 min:
 #   1. environment   2. kernel tests on CUDA   3. parity on CUDA: the full-sequence fixtures (fp32 exact,
 #   bf16 within tolerance) and `dlm parity` on every block fixture (paged attention, fused MoE)
-#   4. end-to-end: an LLaDA2.0-mini-shaped MoE (16B, random bf16) and an LLaDA-8B-shaped dense model
+#   4. end-to-end: an LLaDA2.0-mini-shaped MoE (16B, random bf16), a DiffusionGemma-26B-A4B-shaped one
+#      (25B: decoder step, committed tokens/s, weight-read bound at batch 1 and 8) and an LLaDA-8B dense model
 #   5. per-kernel benchmarks vs torch
 # Results go to $OUT/gpu_check.txt when $OUT is set, else ./gpu_results/gpu_check.txt.
 # Uses the first Python that has torch + triton + a CUDA device ($PYTHON, .venv, python3, python).
@@ -79,6 +80,7 @@ section "parity on CUDA: LLaDA, Dream (fp32 exact, bf16 within tolerance)" 60 "$
 section "parity on CUDA: dlm parity on the block fixtures (fp32 exact)" 60 "${PYTEST[@]}" tests/parity -m gpu
 
 section "end-to-end: LLaDA2.0-mini MoE shape, random bf16 weights" 150 "$PY" benchmarks/gpu_moe.py
+section "end-to-end: DiffusionGemma 26B-A4B shape, random bf16 weights, batch 1 and 8" 150 "$PY" benchmarks/gpu_dgemma.py
 section "end-to-end: LLaDA-8B shape, random bf16 weights" 100 "$PY" benchmarks/gpu_e2e.py
 
 for k in paged_attention moe unmask rmsnorm rotary swiglu attention; do

@@ -92,7 +92,7 @@ def measure(model, device, dtype, batch, prompt_len, new_tokens, block, hbm_tbps
     a = model.args
     page = page_size_for(a.block_size)
     num_pages = batch * -(-(prompt_len + new_tokens) // page)
-    pool = KVPool(a.num_layers, a.num_kv_heads, a.head_dim, page, num_pages, dtype, torch.device(device))
+    pool = KVPool(a.kv_shapes, page, num_pages, dtype, torch.device(device))
     allocator = PageAllocator(num_pages, page)
     config = EngineConfig(model="random", device=device)          # $DLM_KERNELS, $DLM_CUDA_GRAPHS, as the engine
     runner = ModelRunner(model, torch.device(device), dtype, TokenInfo(mask_id=a.mask_token_id), pool,

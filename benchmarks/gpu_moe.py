@@ -117,7 +117,7 @@ def measure(model, device, batch, prompt_len, new_tokens, block, hbm_tbps) -> di
     pages = batch * -(-(prompt_len + new_tokens + block) // page)
     dtype = next(model.parameters()).dtype
     alloc = PageAllocator(pages, page)
-    pool = KVPool(a.num_layers, a.num_kv_heads, a.head_dim, page, pages, dtype, torch.device(device))
+    pool = KVPool(a.kv_shapes, page, pages, dtype, torch.device(device))
     config = EngineConfig(model="random", device=device)
     triton = resolve_kernels(config.kernels, device)
     tokens = TokenInfo(mask_id=a.mask_token_id)

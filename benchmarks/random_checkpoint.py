@@ -42,7 +42,33 @@ def block_config(family: str, hidden: int = 256, layers: int = 4, vocab: int = 4
     if family == "fastdllm2":
         return {**common, "architectures": ["Fast_dLLM_QwenForCausalLM"], "model_type": "Fast_dLLM_Qwen",
                 "bd_size": block, "mask_token_id": vocab - 1, "rope_theta": 1000000.0, "head_dim": None}
+    if family == "diffusiongemma":
+        return dgemma_config(hidden, layers, vocab, heads, kv_heads, experts, block, max_len)
     raise ValueError(f"unknown family {family!r}")
+
+
+def dgemma_config(hidden: int = 256, layers: int = 6, vocab: int = 4096, heads: int = 4, kv_heads: int = 2,
+                  experts: int = 16, canvas: int = 32, max_len: int = 4096, window: int = 64, top_k: int = 4,
+                  intermediate: int | None = None, moe_width: int | None = None, head_dim: int | None = None,
+                  global_head_dim: int | None = None, global_kv_heads: int = 1) -> dict:
+    """config.json of a random DiffusionGemma in the official nested form: five sliding layers to one
+    full (the last), full layers twice as wide with fewer key/value heads and V = K."""
+    hd = head_dim or hidden // heads
+    text = {"vocab_size": vocab, "hidden_size": hidden, "num_hidden_layers": layers, "num_attention_heads": heads,
+            "num_key_value_heads": kv_heads, "head_dim": hd, "global_head_dim": global_head_dim or 2 * hd,
+            "num_global_key_value_heads": global_kv_heads, "attention_k_eq_v": True,
+            "intermediate_size": intermediate or 2 * hidden, "moe_intermediate_size": moe_width or hidden // 2,
+            "num_experts": experts, "top_k_experts": top_k, "enable_moe_block": True, "sliding_window": window,
+            "max_position_embeddings": max_len, "rms_norm_eps": 1e-6, "final_logit_softcapping": 30.0,
+            "hidden_activation": "gelu_pytorch_tanh", "tie_word_embeddings": True, "eos_token_id": 1,
+            "pad_token_id": 0, "bos_token_id": 2, "use_bidirectional_attention": "vision",
+            "layer_types": ["full_attention" if (i + 1) % 6 == 0 or i == layers - 1 else "sliding_attention"
+                            for i in range(layers)],
+            "rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                                "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                                                   "rope_theta": 1000000.0}}}
+    return {"architectures": ["DiffusionGemmaForBlockDiffusion"], "model_type": "diffusion_gemma",
+            "canvas_length": canvas, "tie_word_embeddings": True, "text_config": text, "eos_token_id": 1}
 
 
 @torch.no_grad()
@@ -67,8 +93,9 @@ def write_checkpoint(config: dict, folder: Path, seed: int = 0) -> Path:
     from safetensors.torch import save_file
 
     state = {}
+    fused = config["architectures"] == ["DiffusionGemmaForBlockDiffusion"]    # its experts are stored stacked
     for name, t in random_model(config, seed=seed).state_dict().items():
-        m = _STACKED.match(name)
+        m = None if fused else _STACKED.match(name)
         if m:
             for e in range(t.shape[0]):
                 state[f"{m[1]}.{e}.{m[2]}.weight"] = t[e].contiguous()
@@ -77,5 +104,10 @@ def write_checkpoint(config: dict, folder: Path, seed: int = 0) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps({k: v for k, v in config.items() if v is not None}, indent=1))
     (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": config["eos_token_id"]}))
+    if fused:        # the official generation_config.json's sampler fields
+        (folder / "generation_config.json").write_text(json.dumps({
+            "eos_token_id": [1, 106], "pad_token_id": 0, "max_denoising_steps": 48, "t_min": 0.4, "t_max": 0.8,
+            "stability_threshold": 1, "confidence_threshold": 0.005,
+            "sampler_config": {"_cls_name": "EntropyBoundSamplerConfig", "entropy_bound": 0.1}}))
     save_file(state, str(folder / "model.safetensors"))
     return folder

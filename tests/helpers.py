@@ -104,6 +104,38 @@ LING = (
     "\"arguments\": {{ c['function']['arguments'] | tojson }}}\n</tool_call>{% endfor %}<|role_end|>{% endfor %}"
     "{% if add_generation_prompt %}<role>ASSISTANT</role>{% endif %}"
 )
+# A Gemma-style chat format for DiffusionGemma, written for these tests: turns are
+# <start_of_turn>{user|model|system}\n ... <end_of_turn>\n after <bos>. Neither the notes nor the
+# reference code give DiffusionGemma's tool format, so tools follow the Hermes form the chat layer
+# parses: schemas in the system turn, calls as <tool_call>{json}</tool_call>, results in a user turn
+# inside <tool_response>.
+GEMMA = (
+    "{{ bos_token }}{% if tools %}<start_of_turn>system\nYou can call tools:\n{% for t in tools %}{{ t | tojson }}"
+    "\n{% endfor %}<end_of_turn>\n{% endif %}"
+    "{% for m in messages %}<start_of_turn>{{ {'assistant': 'model', 'tool': 'user'}.get(m['role'], m['role']) }}\n"
+    "{% if m['role'] == 'tool' %}<tool_response>\n{{ m['content'] }}\n</tool_response>"
+    "{% else %}{{ m['content'] or '' }}{% endif %}"
+    "{% for c in m.get('tool_calls') or [] %}<tool_call>\n{\"name\": \"{{ c['function']['name'] }}\", "
+    "\"arguments\": {{ c['function']['arguments'] | tojson }}}\n</tool_call>{% endfor %}<end_of_turn>\n{% endfor %}"
+    "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+)
+#: Gemma's special tokens at the ids its tokenizer gives them (the fixture's config: pad 0, eos 1,
+#: bos 2; generation_config's second EOS, 106, is <end_of_turn>)
+GEMMA_SPECIALS = {0: "<pad>", 1: "<eos>", 2: "<bos>", 105: "<start_of_turn>", 106: "<end_of_turn>"}
+
+
+def build_gemma_tokenizer() -> Tokenizer:
+    """Byte-level BPE over CORPUS after 107 special tokens at Gemma's ids (0..106), 407 in all."""
+    specials = [GEMMA_SPECIALS.get(i, f"<unused{i}>") for i in range(107)]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=107 + 300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  special_tokens=specials, show_progress=False)
+    tok.train_from_iterator(CORPUS, trainer)
+    return tok
+
+
 #: block family -> (parity-block checkpoint, {id: special token}, chat template, tokenizer_config names)
 BLOCK_FAMILIES = {
     "llada2": ("llada2-tiny", {490: "<|startoftext|>", 491: "<|endoftext|>", 492: "<role>", 493: "</role>",
@@ -113,6 +145,8 @@ BLOCK_FAMILIES = {
              {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "mask_token": "<|MASK|>"}),
     "fastdllm2": ("fastdllm2-tiny", {478: "<|endoftext|>", 479: "<|im_start|>", 480: "<|im_end|>", 500: "|<MASK>|"},
                   CHATML, {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "mask_token": "|<MASK>|"}),
+    "diffusiongemma": ("diffusiongemma-tiny", GEMMA_SPECIALS, GEMMA,
+                       {"bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>"}),
 }
 
 
@@ -124,8 +158,11 @@ def make_block_chat_checkpoint(dest: Path, family: str) -> Path:
     dest.mkdir(parents=True, exist_ok=True)
     for f in ("model.safetensors", "generation_config.json", "config.json"):
         shutil.copy(src / f, dest / f)
-    tok = build_tokenizer(None)
-    tok.add_special_tokens([specials.get(i, f"<|reserved_{i}|>") for i in range(300, max(specials) + 1)])
+    if family == "diffusiongemma":
+        tok = build_gemma_tokenizer()
+    else:
+        tok = build_tokenizer(None)
+        tok.add_special_tokens([specials.get(i, f"<|reserved_{i}|>") for i in range(300, max(specials) + 1)])
     for i, t in specials.items():
         assert tok.token_to_id(t) == i, (t, tok.token_to_id(t), i)
     tok.save(str(dest / "tokenizer.json"))

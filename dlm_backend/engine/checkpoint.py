@@ -44,7 +44,7 @@ def open_checkpoint(config: EngineConfig) -> Checkpoint:
     model = load_model(folder, hf_config, config.torch_device, config.torch_dtype)
     # The family's reference set-up first (LLaDA2: llada2 at 0.95), the checkpoint's own on top; a
     # checkpoint naming another sampler replaces it whole.
-    defaults = layered(type(model).sampling_defaults, defaults)
+    defaults = layered(type(model).family_defaults(hf_config.get("_generation_config", {})), defaults)
     # No tokenizer.json: token ids only. One that is there but broken (or a link out of the folder,
     # or to nothing) is an error, not "absent".
     tokenizer = Tokenizer(folder) if os.path.lexists(folder / "tokenizer.json") else None
@@ -62,15 +62,17 @@ def _token_info(model: DiffusionLM, hf_config: dict, tokenizer: Tokenizer | None
             eos.add(tok_eos)
         eot = [i for i in tokenizer.end_of_turn_ids() if i not in eos]
     mask = a.mask_token_id
-    if mask is None and tokenizer is not None:       # LLaDA2 keeps its mask id in the tokenizer only
+    if getattr(model, "noise", "mask") == "uniform":
+        mask = -1                       # no mask token: a uniform-noise canvas starts as random tokens
+    elif mask is None and tokenizer is not None:       # LLaDA2 keeps its mask id in the tokenizer only
         mask = tokenizer.token_id(tokenizer.special_tokens.get("mask_token")) or tokenizer.token_id("<|mask|>")
     if mask is None:
         raise CheckpointError("The checkpoint names no mask token: config.json has no mask_token_id and the "
                               "tokenizer no mask token. Add mask_token_id to config.json (or pass "
                               "config_overrides={'mask_token_id': ...}).")
-    bad = [f"{name} {i}" for name, ids in (("mask_token_id", [mask]), ("eos_token_id", eos))
+    bad = [f"{name} {i}" for name, ids in (("mask_token_id", [mask] if mask >= 0 else []), ("eos_token_id", eos))
            for i in ids if not 0 <= i < a.vocab_size]
     if bad:     # else every request fails inside the engine with an IndexError
         raise CheckpointError(f"{', '.join(bad)} is outside the vocabulary (size {a.vocab_size}); fix "
                               "config.json / generation_config.json.")
-    return TokenInfo(mask_id=mask, eos_ids=tuple(sorted(eos)), eot_ids=tuple(eot))
+    return TokenInfo(mask_id=mask, eos_ids=tuple(sorted(eos)), eot_ids=tuple(eot), vocab_size=a.vocab_size)

@@ -117,6 +117,6 @@ def kv_pages(config: EngineConfig, args, page_size: int, dtype: torch.dtype, dev
     budget = config.kv_cache_memory
     if budget is None:
         budget = int(torch.cuda.mem_get_info(device)[0] * GPU_KV_FRACTION) if device.type == "cuda" else CPU_KV_BYTES
-    page = KVPool.page_bytes(args.num_layers, args.num_kv_heads, args.head_dim, page_size, dtype)
+    page = KVPool.page_bytes(args.kv_shapes, page_size, dtype)
     return max(4, budget // page)
 

@@ -24,6 +24,7 @@ from dlm_backend.engine.samplers.base import Sampler
 from dlm_backend.engine.samplers.random import ReplayRandom
 from dlm_backend.engine.scheduler import Scheduler
 from dlm_backend.engine.sequence import Sequence
+from dlm_backend.engine.uniform import UniformSequence
 from dlm_backend.engine.validate import check_request, find_sampler
 from dlm_backend.errors import QueueFullError, SamplingParamsError
 
@@ -49,12 +50,13 @@ class LLMEngine:
         a = model.args
         self.page_size = page_size_for(a.block_size)
         num_pages = kv_pages(config, a, self.page_size, self.dtype, self.device)
-        pool = KVPool(a.num_layers, a.num_kv_heads, a.head_dim, self.page_size, num_pages, self.dtype, self.device)
+        pool = KVPool(a.kv_shapes, self.page_size, num_pages, self.dtype, self.device)
         self.allocator = PageAllocator(num_pages, self.page_size)
         self.runner = ModelRunner(model, self.device, self.dtype, self.tokens, pool, triton, config.cuda_graphs)
         self.limits = limits or EngineLimits()
         self.scheduler = Scheduler(self.limits, model.logits_shift, self.allocator, config.prefix_caching)
-        self.sequence_class = BlockSequence if a.block_size else CanvasSequence
+        self.sequence_class = (UniformSequence if model.noise == "uniform" else
+                               BlockSequence if a.block_size else CanvasSequence)
         self.stats = EngineStats()
 
     # -- what the checkpoint brings -----------------------------------------------------------

@@ -47,16 +47,17 @@ class StaticStep:
     def rows(self) -> int:
         return self.bucket * self.q_len
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, window: int | None = None,
+               scale: float | None = None) -> torch.Tensor:
         kc, vc = self.pool.k[layer], self.pool.v[layer]
         write_kv(kc, vc, k, v, self.slots)                                          # no host sync
-        if self.triton:
+        if self.triton and window is None:
             from dlm_backend.engine.kernels.paged_attention import paged_attention
 
             return paged_attention(q, kc, vc, self.cu_q, self.q_start, self.kv_len, self.page_table,
-                                   self.causal_block, self.q_len)
+                                   self.causal_block, self.q_len, scale)
         return paged_attention_ref(q, kc, vc, self.cu_q, self.q_start, self.kv_len, self.page_table,
-                                   self.causal_block)
+                                   self.causal_block, scale, window)
 
     def _forward(self) -> torch.Tensor:
         with forward_context(ForwardContext(self, self.triton)):

@@ -23,6 +23,7 @@ GREEDY_BELOW = 1e-5
 MAX_STOP = 16                   # stop strings per request, each at most MAX_STOP_CHARS characters
 MAX_STOP_CHARS = 256
 MAX_LENGTH = 1 << 20            # max_tokens / block_length cap before the context check (allocation bound)
+MAX_DENOISING_STEPS = 4096      # a canvas's passes: the reference's default is 48
 #: The key of ``generation_config.json`` under which a checkpoint names its own decoding defaults.
 CHECKPOINT_DEFAULTS_KEY = "dlm_sampling"
 
@@ -113,8 +114,9 @@ class SamplingParams:
     max_tokens: int = knob(256, "tokens to generate (the canvas size)", int, low=1, high=MAX_LENGTH,
                            aliases=("max_completion_tokens", "max_new_tokens", "gen_length"))
     sampler: str = knob("threshold", "denoising rule (`dlm plugins` lists them)", str, checkpoint=True)
-    block_length: int | None = knob(None, "slots denoised per block (None: the sampler's default)", int,
-                                    low=1, high=MAX_LENGTH, nullable=True, checkpoint=True)
+    block_length: int | None = knob(None, "slots denoised per block (None: the sampler's default; "
+                                    "diffusiongemma: the canvas, config.json's canvas_length)", int,
+                                    low=1, high=MAX_LENGTH, nullable=True, checkpoint=True, aliases=("canvas_length",))
     steps: int | None = knob(None, "passes for llada/dream, at most max_tokens (None: one token per pass)", int,
                              low=1, high=MAX_LENGTH, nullable=True)
     temperature: float = knob(0.0, f"0 is greedy (as is anything below {GREEDY_BELOW:g})", float, low=0, high=2)
@@ -133,8 +135,9 @@ class SamplingParams:
                             low_open=True, checkpoint=True)
     factor: float = knob(1.0, "factor rule: larger commits more per pass", float, low=0, high=1000, low_open=True,
                          checkpoint=True)
-    gamma: float = knob(0.1, "entropy_bounded rule: entropy budget per pass", float, low=0, high=1000,
-                        checkpoint=True)
+    gamma: float = knob(0.1, "entropy_bounded, diffusiongemma: entropy budget per pass (the lowest-entropy "
+                        "slots are taken while the ones before sum to at most this)", float, low=0, high=1000,
+                        checkpoint=True, aliases=("entropy_bound",))
     remasking: str = knob("low_confidence", "llada, sdar: which slots a pass commits (sdar also "
                           "low_confidence_dynamic: above threshold, else the top ones; sequential)", str,
                           choices=REMASKING, checkpoint=True)
@@ -157,6 +160,18 @@ class SamplingParams:
                                checkpoint=True)
     num_to_transfer: int = knob(1, "llada2_edit: slots committed per pass at least", int, low=1, high=MAX_LENGTH,
                                 checkpoint=True)
+    # uniform-noise families (DiffusionGemma)
+    t_max: float = knob(0.8, "diffusiongemma: temperature at a canvas's first step (falls linearly to t_min)",
+                        float, low=0, high=100, low_open=True, checkpoint=True)
+    t_min: float = knob(0.4, "diffusiongemma: temperature at the last step (below t_max)", float, low=0, high=100,
+                        checkpoint=True)
+    max_denoising_steps: int = knob(48, "diffusiongemma: decoder passes per canvas at most", int, low=1,
+                                    high=MAX_DENOISING_STEPS, checkpoint=True)
+    stability_threshold: int = knob(1, "diffusiongemma: a canvas is done when its argmax equals that of this many "
+                                    "passes before (0: always stable) ...", int, low=0, high=MAX_DENOISING_STEPS,
+                                    checkpoint=True)
+    confidence_threshold: float = knob(0.005, "diffusiongemma: ... and its mean entropy is below this (0: runs "
+                                       "max_denoising_steps)", float, low=0, high=1e6, checkpoint=True)
 
     def __post_init__(self):
         if isinstance(self.stop, (str, tuple)):
@@ -241,6 +256,16 @@ def checkpoint_defaults(generation_config: dict, source: str = "generation_confi
     except SamplingParamsError as exc:
         raise SamplingParamsError(f"{source}: {CHECKPOINT_DEFAULTS_KEY!r} is invalid. {exc}") from None
     return dict(given)
+
+
+def checkpoint_values(values: dict, source: str) -> dict:
+    """Knob values a checkpoint file gives (a family reading its reference's own fields), checked
+    against the table; a SamplingParamsError naming ``source`` when one is out of range."""
+    try:
+        SamplingParams(**values)
+    except SamplingParamsError as exc:
+        raise SamplingParamsError(f"{source}: {exc}") from None
+    return dict(values)
 
 
 def layered(checkpoint: dict, given: dict) -> dict:

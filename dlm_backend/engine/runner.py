@@ -6,7 +6,7 @@ import torch
 
 from dlm_backend.engine.graphs import BlockGraphs
 from dlm_backend.engine.kv import KVPool
-from dlm_backend.engine.layers import ForwardContext, PackedAttention, Segment, forward_context
+from dlm_backend.engine.layers import DecoderRows, ForwardContext, PackedAttention, Segment, forward_context
 from dlm_backend.engine.layers.paged_attention import PagedBatch
 from dlm_backend.engine.models.base import DiffusionLM
 from dlm_backend.engine.samplers.base import StepInput, TokenInfo
@@ -32,7 +32,8 @@ class ModelRunner:
         self.pool = pool
         self.triton = triton            # kernel dispatch, decided once (kernels.resolve_kernels)
         self.graphs: BlockGraphs | None = None
-        if device.type == "cuda" and cuda_graphs and triton and pool is not None:
+        # The static step feeds ids and positions alone: a decoder pass's self-conditioning is not captured.
+        if device.type == "cuda" and cuda_graphs and triton and pool is not None and model.noise == "mask":
             self.graphs = BlockGraphs(model, pool, device, capture=True)
 
     @property
@@ -41,7 +42,8 @@ class ModelRunner:
 
     def _random_for(self, seq: Sequence):
         """The request's draws: a generator on this device seeded once (from ``seed``, else at
-        random), kept on the sequence (a replayed run brings its own)."""
+        random), kept on the sequence (a replayed run brings its own). Made before a step plans its
+        passes: a uniform-noise canvas draws its first tokens when its first pass is planned."""
         if seq.random is None:
             gen = torch.Generator(device=self.device)
             seed = seq.params.seed
@@ -71,12 +73,17 @@ class ModelRunner:
         positions: list[int] = []
         rows: dict[int, list[int]] = {}
         cu, starts, lens, pages, blocks, plain = [0], [], [], [], [], []
+        decoder_rows, conditioning = [], []
         for i in order:
             seq, step = seqs[i], steps[i]
             row0, n = len(ids), step.end - step.start
             ids += seq.canvas[step.start:step.end]
             positions += range(step.start, step.end)
             rows[i] = [row0 + max(p - shift - step.start, 0) for p in step.candidates]
+            if step.decoder:
+                decoder_rows += range(row0, row0 + n)
+                conditioning.append(step.conditioning if step.conditioning is not None else
+                                    torch.zeros(n, self.model.args.hidden_size, dtype=self.dtype, device=self.device))
             if step.paged:
                 cu.append(cu[-1] + n)
                 starts.append(step.start)
@@ -94,7 +101,8 @@ class ModelRunner:
         backend = PagedBatch(self.pool, PackedAttention(plain), cu, starts, lens, pages, blocks, self.device)
         input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
         pos = torch.tensor(positions, dtype=torch.long, device=self.device)
-        with forward_context(ForwardContext(backend, self.triton)):
+        decoder = DecoderRows(self._index(decoder_rows), torch.cat(conditioning)) if decoder_rows else None
+        with forward_context(ForwardContext(backend, self.triton, decoder)):
             return self.model(input_ids, pos), [rows[i] for i in range(len(seqs))]          # [T, D]
 
     def _index(self, rows: list[int]) -> torch.Tensor:
@@ -106,6 +114,8 @@ class ModelRunner:
     def step(self, seqs: list[Sequence]) -> None:
         """One forward for every sequence in ``seqs``: each commits at least one token, or caches keys."""
         shift = self.logits_shift
+        for seq in seqs:
+            self._random_for(seq)
         steps = [seq.plan(shift) for seq in seqs]
         static = self.graphs.split(seqs, steps) if self.graphs is not None else []
         if static:
@@ -160,7 +170,10 @@ class ModelRunner:
             if not bool(torch.isfinite(seq_logits).all()):     # the NaN check above ran before guidance
                 raise EngineError(f"Classifier-free guidance at cfg_scale={seq.params.cfg_scale} overflowed "
                                   f"{self.dtype}; lower cfg_scale.")
-        return seq.sampler.step(self._step_input(seq, step, seq_logits))
+        commit = seq.sampler.step(self._step_input(seq, step, seq_logits))
+        if commit.conditioning is not None:         # the model's input for the next pass, made once here
+            commit.conditioning = self.model.conditioning_input(commit.conditioning)
+        return commit
 
     def _step_input(self, seq: Sequence, step: Pass, logits: torch.Tensor | None) -> StepInput:
         random = self._random_for(seq)

@@ -2,7 +2,8 @@
 
 How a request is decoded pass by pass depends on the model family: :class:`CanvasSequence`
 (engine/canvas.py) for the full-sequence families (LLaDA, Dream), :class:`BlockSequence`
-(engine/blocks.py) for the block-diffusion families. Both describe each forward they need as a
+(engine/blocks.py) for the block-diffusion families, :class:`UniformSequence` (engine/uniform.py)
+for the uniform-noise one (DiffusionGemma). Each describes each forward it needs as a
 :class:`Pass`, which the runner packs with the other requests' passes into one batch.
 """
 
@@ -36,7 +37,10 @@ class Pass:
     bidirectional). ``candidates`` are the positions whose predictions this pass decides (read at
     ``position - shift``): a ``denoise`` pass hands them to the sampler, a ``cache`` pass (a prompt's
     prefill, a finished block's keys) takes their argmax (Fast-dLLM's first token of a block) or has
-    none. ``cfg`` adds classifier-free guidance's unconditional copy (LLaDA).
+    none. ``cfg`` adds classifier-free guidance's unconditional copy (LLaDA). ``block_size`` 1 is
+    causal (DiffusionGemma's encoder); ``decoder`` marks a pass of an encoder-decoder family's
+    decoder (DiffusionGemma's denoising), whose rows add ``conditioning`` (the request's
+    self-conditioning input, [n, D] on the device; None: nothing yet) to their embeddings.
     """
 
     start: int
@@ -48,6 +52,8 @@ class Pass:
     kind: str = "denoise"
     cfg: bool = False
     masked: list[bool] = field(default_factory=list)     # per candidate: still masked (empty: all are)
+    decoder: bool = False
+    conditioning: object = None
 
     @property
     def num_tokens(self) -> int:

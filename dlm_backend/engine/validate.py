@@ -41,6 +41,13 @@ def check_request(engine, prompt_token_ids: list[int], params: SamplingParams,
         if any(t is not None and (not isinstance(t, int) or not 0 <= t < vocab) for t in response_template):
             raise DLMError(f"Response template tokens must be None or integers in [0, {vocab}).")
     sampler = find_sampler(engine.samplers, params.sampler)
+    noise = engine.checkpoint.model.noise
+    if sampler.noise != noise:
+        fitting = sorted(n for n, s in engine.samplers.items() if s.noise == noise)
+        raise SamplingParamsError(
+            f"Sampler {params.sampler!r} decodes {sampler.noise}-noise canvases and {engine.architecture} starts "
+            f"from {noise} noise{' (random tokens, no mask token)' if noise == 'uniform' else ''}. Use one of: "
+            f"{', '.join(fitting)}.", param="sampler")
     sampler.validate(params)
     seq = engine.new_sequence(prompt_token_ids, params, sampler, response_template=response_template)
     if seq.length > engine.max_model_len:      # a block family's canvas ends at a block boundary

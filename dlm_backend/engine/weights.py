@@ -83,6 +83,8 @@ def load_model(folder: Path, config: dict, device: torch.device, dtype: torch.dt
         for file in files:
             with _open(file, target) as f:
                 for name in f.keys():
+                    if name.startswith(cls.ignored_prefixes):
+                        continue
                     shape = tuple(f.get_slice(name).get_shape())
                     into = model.stacked_name(name) if name not in expected else None
                     if into is not None and into[0] in expected:

@@ -28,6 +28,9 @@ class Run:
     #: per prompt, the random draws the reference recorded (``dlm parity --replay`` injects them)
     recorded: list[list[dict] | None] = field(default_factory=list)
     note: str = ""
+    #: per prompt, what to set on the queued request before it runs, ``f(sequence, engine)`` (a
+    #: reference's given starting canvas); None: nothing
+    prepare: list[Callable | None] = field(default_factory=list)
 
 
 def tokens(out: GenerationOutput) -> list[int]:
@@ -162,8 +165,90 @@ def fastdllm2_batch_sample(case: dict, fixture: dict) -> Run:
     return Run(prompts, params, check)
 
 
+# -- the uniform-noise reference (fixtures/parity-block/diffusiongemma-tiny) ---------------------
+
+
+def _dg_row_draws(result: dict, row: int, rows: int, length: int, finished: list[int | None]) -> list[dict]:
+    """Row ``row``'s part of a batch's recorded draws: each call drew ``rows`` slices of ``length``,
+    row by row. A row takes its slices while it runs: canvases up to the one where it ended, and in
+    each canvas the steps before its denoising finished (the reference draws for finished rows too)."""
+    calls, out = iter(result["rng_calls"]), []
+
+    def take(call):
+        return {**call, "out": call["out"][row * length:(row + 1) * length]}
+    by_canvas: dict[int, list[dict]] = {}
+    for step in result["steps"]:
+        by_canvas.setdefault(step["canvas_index"], []).append(step)
+    for c in sorted(by_canvas):
+        init = next(calls)
+        live = finished[row] is None or c <= finished[row]
+        if live:
+            out.append(take(init))
+        for step in by_canvas[c]:
+            draws = (next(calls), next(calls))
+            if live and not step["finished_before"][row]:
+                out += [take(d) for d in draws]
+    return out
+
+
+def diffusiongemma_generate(case: dict, fixture: dict) -> Run:
+    """transformers' DiffusionGemma ``generate``: whole canvases come back (``ceil(max_new_tokens / L)``
+    of them), pad after the first EOS of a canvas. The engine is asked for whole canvases too and its
+    output (cut at the stop token) is padded the same way to compare. A batch's rows are requests of
+    their own; replay hands each its slices of the batch's draws (``_dg_row_draws``)."""
+    kw = {**fixture["generation_config_defaults"], **case["generate_kwargs"]}
+    L, prompts, result = fixture["canvas_length"], case["prompts"], case["result"]
+    eos = kw.get("eos_token_id", fixture["eos_token_id"])
+    eos, pad = (eos if isinstance(eos, list) else [eos]), kw.get("pad_token_id", fixture["pad_token_id"])
+    bound = kw["entropy_bound"] if "entropy_bound" in kw else kw["sampler_config"]["entropy_bound"]
+    canvases = -(-kw["max_new_tokens"] // L)
+    p = SamplingParams(sampler="diffusiongemma", max_tokens=canvases * L, block_length=L, t_min=kw["t_min"],
+                       t_max=kw["t_max"], gamma=bound, stability_threshold=kw["stability_threshold"],
+                       confidence_threshold=kw["confidence_threshold"],
+                       max_denoising_steps=kw["max_denoising_steps"], seed=case["seed"], ignore_eos=True,
+                       stop_token_ids=list(eos))
+    want = result["outputs"]
+    ended = [next((i // L for i, t in enumerate(row) if t in eos), None) for row in want]
+    B = len(prompts)
+
+    def check(outs):
+        errors = []
+        for b, out in enumerate(outs):
+            got = tokens(out)
+            got += [pad] * (-len(got) % L)
+            name = f"row {b} " if B > 1 else ""
+            errors += _same(f"{name}tokens", got, want[b])
+            valid = sum(t != pad for t in want[b])
+            passes = result["decoder_forward_calls"] if B == 1 else round(valid / result["tokens_per_forward"][b])
+            errors += _same(f"{name}decoder passes", out.num_forward_passes, passes)
+            if B == 1:
+                errors += _same("encoder passes", out.num_cache_passes, len(result["encoder_calls"]))
+        return errors
+
+    def start(b: int):
+        canvas = case.get("decoder_input_ids")
+        key = case.get("self_conditioning_logits_key")
+        if canvas is None and key is None:
+            return None
+
+        def prepare(seq, engine):
+            from safetensors.torch import load_file
+
+            if canvas is not None:
+                seq.start_canvas = canvas[b]
+            if key is not None:
+                logits = load_file(str(engine.checkpoint.folder / "expected_logits.safetensors"))[key][b]
+                seq.conditioning = engine.runner.model.conditioning_input(logits.to(engine.device))
+        return prepare
+
+    recorded = [_dg_row_draws(result, b, B, L, ended) for b in range(B)] if result["rng_calls"] else [None] * B
+    note = "whole canvases asked for" if kw["max_new_tokens"] % L else ""
+    return Run(prompts, [p] * B, check, recorded, note, [start(b) for b in range(B)])
+
+
 #: reference sampler name (``case["sampler"]``) -> its mapping
 SAMPLERS: dict[str, Callable[..., Run]] = {
+    "transformers.DiffusionGemmaForBlockDiffusion.generate": diffusiongemma_generate,
     "llada.generate": llada_generate,
     "fast_dllm.generate(threshold)": fast_dllm_threshold,
     "dream.diffusion_generate": dream_generate,

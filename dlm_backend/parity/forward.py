@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from dlm_backend.engine.kv import KVPool
-from dlm_backend.engine.layers import ForwardContext, PackedAttention, Segment, forward_context
+from dlm_backend.engine.layers import DecoderRows, ForwardContext, PackedAttention, Segment, forward_context
 from dlm_backend.engine.layers.paged_attention import PagedBatch
 
 TOL = 1e-4
@@ -54,7 +54,7 @@ class PagedRun:
         a, p = model.args, next(model.parameters())
         self.model, self.block = model, block
         pages = -(-length // page_size)
-        self.pool = KVPool(a.num_layers, a.num_kv_heads, a.head_dim, page_size, pages, p.dtype, p.device)
+        self.pool = KVPool(a.kv_shapes, page_size, pages, p.dtype, p.device)
         self.pages = list(range(pages))
 
     @torch.inference_mode()
@@ -64,13 +64,24 @@ class PagedRun:
         return self.model.compute_logits(self.hidden(ids, start, kv_end, triton))
 
     @torch.inference_mode()
-    def hidden(self, ids: torch.Tensor, start: int, kv_end: int, triton: bool = False) -> torch.Tensor:
-        """The hidden states ``[n, D]`` of :meth:`forward`."""
+    def hidden(self, ids: torch.Tensor, start: int, kv_end: int, triton: bool = False, block: int | None = None,
+               decoder: DecoderRows | None = None) -> torch.Tensor:
+        """The hidden states ``[n, D]`` of :meth:`forward` (``block``: this pass's own; ``decoder``: its
+        decoder rows, DiffusionGemma)."""
         n = ids.shape[0]
-        backend = PagedBatch(self.pool, PackedAttention([]), [0, n], [start], [kv_end], [self.pages], [self.block],
-                             ids.device)
-        with forward_context(ForwardContext(backend, triton)):
+        backend = PagedBatch(self.pool, PackedAttention([]), [0, n], [start], [kv_end], [self.pages],
+                             [self.block if block is None else block], ids.device)
+        with forward_context(ForwardContext(backend, triton, decoder)):
             return self.model(ids, torch.arange(start, start + n, device=ids.device))
+
+    @torch.inference_mode()
+    def decode(self, ids: torch.Tensor, start: int, conditioning: torch.Tensor | None = None) -> torch.Tensor:
+        """DiffusionGemma's decoder over a canvas at ``start..``: bidirectional over the cache and the
+        canvas, every row a decoder row (``conditioning [n, D]``, None: zeros); logits ``[n, V]``."""
+        n, hidden = ids.shape[0], self.model.args.hidden_size
+        rows = DecoderRows(torch.arange(n, device=ids.device), conditioning if conditioning is not None else
+                           torch.zeros(n, hidden, dtype=next(self.model.parameters()).dtype, device=ids.device))
+        return self.model.compute_logits(self.hidden(ids, start, start + n, block=0, decoder=rows))
 
 
 def router_checks(model, ids: torch.Tensor, block: int, expected: dict) -> list[Check]:
@@ -99,6 +110,8 @@ def router_checks(model, ids: torch.Tensor, block: int, expected: dict) -> list[
 def fixture_checks(model, cases: dict, expected: dict, device) -> list[Check]:
     """Every forward tensor a fixture records, by its layout (see the fixture READMEs)."""
     t = {k: v.to(device) for k, v in expected.items()}
+    if "canvas_length" in cases:                      # DiffusionGemma
+        return [check for case in cases["forward_cases"] for check in _dgemma_checks(model, case, t)]
     if "forward_cases" in cases:                      # Fast-dLLM v2
         return _fastdllm_checks(model, cases, t)
     if "forward" not in cases:                         # the full-sequence fixtures: one bidirectional forward
@@ -134,3 +147,51 @@ def _fastdllm_checks(model, cases: dict, t: dict) -> list[Check]:
     checks.append(compare("sub-block over the block cache", run.forward(sub, start, 3 * bd)[None],
                           t["blockcache.subblock_logits"]))
     return checks
+
+
+def _encode_checks(model, run: PagedRun, name: str, start: int, t: dict) -> list[Check]:
+    """DiffusionGemma's encoder over ``<name>.input_ids`` at ``start..``: logits, last hidden state,
+    each router's choice and weights, and what the cache then holds per layer (a sliding layer's
+    reference cache keeps the last window - 1 positions; the pool keeps all, the window is a mask)."""
+    ids = t[f"{name}.input_ids"][0]
+    end, seen = start + len(ids), {}
+    layers = model.model.decoder.layers
+    hooks = [layer.router.register_forward_hook(lambda mod, inp, out, i=i: seen.__setitem__(i, out))
+             for i, layer in enumerate(layers)]
+    try:
+        hidden = run.hidden(ids, start, end, block=1)
+    finally:
+        for h in hooks:
+            h.remove()
+    checks = [compare(f"{name} logits", model.compute_logits(hidden)[None], t[f"{name}.logits"]),
+              compare(f"{name} last hidden state", model.model.decoder.norm(hidden)[None],
+                      t[f"{name}.last_hidden_state"])]
+    for i in range(len(layers)):
+        idx, weight, _ = seen[i]
+        errors = [] if torch.equal(idx, t[f"{name}.router.{i}.top_k_index"]) else ["another expert choice"]
+        errors += compare("", weight, t[f"{name}.router.{i}.top_k_weights"]).errors
+        checks.append(Check(f"{name} router of layer {i}", errors))
+        for kind, cache in (("keys", run.pool.k[i]), ("values", run.pool.v[i])):
+            want = t[f"{name}.cache.{i}.{kind}"]                                   # [1, Hkv, n, D]
+            rows = cache.reshape(-1, *cache.shape[2:])[end - want.shape[2]:end]      # [n, Hkv, D]
+            checks.append(compare(f"{name} cache {kind} of layer {i}", rows.transpose(0, 1)[None], want))
+    return checks
+
+
+def _dgemma_checks(model, case: dict, t: dict) -> list[Check]:
+    """One forward case: the encoder over a prompt (``enc0``), or a prompt (and a committed canvas)
+    encoded and then the decoder over a canvas (``dec*``), as ``generate`` calls them."""
+    name = case["name"]
+    length = sum(v.shape[-1] for k, v in t.items() if k.startswith(name) and k.endswith("input_ids"))
+    run = PagedRun(model, length, block=1)
+    if case["kind"] == "encoder":
+        return _encode_checks(model, run, name, case.get("position_offset", 0), t)
+    checks = _encode_checks(model, run, f"{name}.enc", 0, t)
+    start = t[f"{name}.enc.input_ids"].shape[1]
+    if f"{name}.commit.input_ids" in t:
+        checks += _encode_checks(model, run, f"{name}.commit", start, t)
+        start += t[f"{name}.commit.input_ids"].shape[1]
+    sc = t.get(f"{name}.self_conditioning_logits")
+    logits = run.decode(t[f"{name}.decoder_input_ids"][0], start,
+                        model.conditioning_input(sc[0]) if sc is not None else None)
+    return checks + [compare(f"{name} decoder logits", logits[None], t[f"{name}.logits"])]

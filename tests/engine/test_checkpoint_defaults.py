@@ -38,7 +38,8 @@ def test_bad_checkpoint_defaults_fail_at_load(tmp_path):
     with pytest.raises(SamplingParamsError, match="generation_config.json.*block_length must be"):
         LLM(_with_defaults(tmp_path / "a", {"block_length": 0})).engine
     with pytest.raises(SamplingParamsError, match="generation_config.json: 'dlm_sampling' names a sampler that is "
-                                                  "not registered. Unknown sampler 'treshold'. Registered samplers: dream"):
+                                                  "not registered. Unknown sampler 'treshold'. Registered samplers: "
+                                                  "diffusiongemma, dream"):
         LLM(_with_defaults(tmp_path / "b", {"sampler": "treshold"})).engine
 
 

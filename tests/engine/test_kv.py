@@ -3,6 +3,7 @@ the pool sized by its memory budget. Admission by free pages: test_scheduler.py;
 than the whole cache: test_validate.py."""
 
 import pytest
+import torch
 from helpers import FIXTURES
 
 from dlm_backend import LLM, SamplingParams
@@ -40,7 +41,7 @@ def test_a_chained_hash_names_the_whole_prefix_not_the_page_alone():
 def test_the_pool_is_sized_by_its_memory_budget():
     llm = LLM(str(SDAR), dtype="float32", kv_cache_memory=1 << 20)
     a, pool = llm.engine.model_args, llm.engine.runner.pool
-    page = KVPool.page_bytes(a.num_layers, a.num_kv_heads, a.head_dim, pool.page_size, pool.k.dtype)
+    page = KVPool.page_bytes(a.kv_shapes, pool.page_size, pool.dtype)
     assert pool.num_pages == (1 << 20) // page and pool.nbytes <= (1 << 20) + 2 * page
 
 
@@ -120,3 +121,15 @@ def test_when_the_writer_of_a_shared_page_ends_first_another_request_writes_it()
     outs = _engine_run(llm.engine, prompts, params, abort_first_after=1)   # after admission, before its prefill
     assert outs[0].finish_reason == "abort" and [o.token_ids for o in outs[1:]] == want[1:]
     assert llm.engine.allocator.num_used == 0
+
+
+def test_layers_of_different_shapes_get_pages_of_their_own_size():
+    # DiffusionGemma-like: two sliding layers (2 heads of 16), a full one (1 head of 32), then one more sliding
+    shapes = [(2, 16), (2, 16), (1, 32), (2, 16)]
+    pool = KVPool(shapes, page_size=16, num_pages=3, dtype=torch.float32, device=torch.device("cpu"))
+    assert [tuple(k.shape) for k in pool.k] == [(4, 16, 2, 16)] * 2 + [(4, 16, 1, 32), (4, 16, 2, 16)]
+    assert len(pool.groups) == 2                          # one tensor per shape, layers are views of it
+    pool.k[3][1, 0] = 7.0
+    assert pool.groups[0][0][2, 1, 0].eq(7.0).all()       # layer 3 is the sliding group's third layer
+    per_page = KVPool.page_bytes(shapes, 16, torch.float32)
+    assert per_page == 2 * 16 * 4 * (3 * 32 + 32) and pool.nbytes == 4 * per_page   # 3 pages + scratch

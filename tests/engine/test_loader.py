@@ -31,7 +31,8 @@ def test_unknown_architecture_lists_supported(tmp_path):
     config = json.loads((ckpt / "config.json").read_text())
     config["architectures"] = ["MysteryForCausalLM"]
     (ckpt / "config.json").write_text(json.dumps(config))
-    with pytest.raises(UnknownArchitectureError, match="MysteryForCausalLM.*Supported: DreamModel, .*LLaDAModelLM"):
+    with pytest.raises(UnknownArchitectureError,
+                       match="MysteryForCausalLM.*Supported: DiffusionGemmaForBlockDiffusion, DreamModel, .*LLaDAModelLM"):
         _engine(ckpt)
 
 

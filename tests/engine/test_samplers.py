@@ -163,3 +163,119 @@ def test_block_steps_add_up_to_steps(max_tokens, block, steps):
     assert sum(per_block) == steps and min(per_block) >= 1
     if max_tokens % block == 0 and steps % len(spans) == 0:     # the reference's steps // num_blocks
         assert per_block == [steps // len(spans)] * len(spans)
+
+
+# -- diffusiongemma (uniform noise) ------------------------------------------------------------
+
+
+def test_diffusiongemma_temperature_is_the_references_float32_at_every_recorded_step():
+    import json
+    import struct
+
+    from helpers import FIXTURES
+
+    from dlm_backend.engine.samplers.diffusiongemma import temperature
+
+    fixture = json.loads((FIXTURES / "parity-block" / "diffusiongemma-tiny" / "cases.json").read_text())
+    seen = 0
+    for case in fixture["cases"]:
+        kw = {**fixture["generation_config_defaults"], **case["generate_kwargs"]}
+        for step in case["result"]["steps"]:
+            t = temperature(kw["t_min"], kw["t_max"], step["cur_step"], kw["max_denoising_steps"])
+            assert t.dtype == torch.float32
+            assert struct.pack(">f", float(t)).hex() == step["temperature_f32_hex"], (case["name"], step["cur_step"])
+            seen += 1
+    assert seen > 100
+
+
+def test_diffusiongemma_accepts_the_lowest_entropies_while_the_ones_before_sum_to_the_bound():
+    from dlm_backend.engine.samplers.diffusiongemma import accepted_slots, entropy
+
+    h = torch.tensor([0.5, 0.01, 0.3, 2.0])       # sorted 0.01, 0.3, 0.5, 2.0: sums before 0, 0.01, 0.31, 0.81
+    assert accepted_slots(h, 0.4).tolist() == [True, True, True, False]
+    assert accepted_slots(h, 0.0).tolist() == [False, True, False, False]       # the lowest always goes
+    logits = torch.randn(5, 11) * 3
+    logits[0, 3] = -torch.inf                                                    # a token that cannot be drawn
+    want = torch.distributions.Categorical(logits=logits).entropy()
+    assert torch.equal(entropy(logits), want)
+
+
+def _dg_state(sampler, params, length=4, vocab=8, seed=0):
+    from dlm_backend.engine.samplers.random import TorchRandom
+
+    random = TorchRandom(torch.Generator().manual_seed(seed))
+    return sampler.begin_canvas(random, vocab, length, params), random
+
+
+def test_diffusiongemma_draws_in_the_references_order_and_keeps_fixed_slots():
+    from dlm_backend.engine.samplers import DiffusionGemmaSampler
+
+    sampler, params = DiffusionGemmaSampler(), SamplingParams(sampler="diffusiongemma", max_denoising_steps=3)
+    state, random = _dg_state(sampler, params, seed=4)
+    ref = torch.Generator().manual_seed(4)
+    assert state.canvas == torch.randint(0, 8, (4,), generator=ref).tolist()   # the canvas's first draw
+    logits = torch.randn(4, 8)
+    inp = StepInput(logits=logits, positions=[0, 1, 2, 3], step=0, block_state=state, params=params,
+                    generator=None, tokens=TokenInfo(mask_id=-1), current=[7, 7, 7, 7],
+                    masked=[True, False, True, True], random=random)
+    commit = sampler.step(inp)
+    t = torch.tensor(0.4) + (0.8 - 0.4) * (torch.tensor(3, dtype=torch.int32) / 3)
+    drawn = torch.multinomial(torch.softmax(logits / t, -1), 1, generator=ref)[:, 0]     # then one multinomial
+    noise = torch.randint(0, 8, (4,), generator=ref)                                      # and one randint
+    assert commit.token_ids[1] == 7                       # the template's slot keeps its token
+    for i in (0, 2, 3):
+        assert commit.token_ids[i] in (int(drawn[i]), int(noise[i]))
+    assert torch.equal(commit.conditioning, logits / t) and state.step == 2 and not state.done
+
+
+def test_diffusiongemma_stops_when_stable_for_the_threshold_and_confident():
+    from dlm_backend.engine.samplers import DiffusionGemmaSampler
+
+    sampler = DiffusionGemmaSampler()
+    sure = torch.full((4, 8), -20.0)
+    sure[:, 2] = 20.0                                     # one token per slot, entropy ~0
+    for threshold, passes in ((0, 1), (1, 2), (2, 3)):
+        params = SamplingParams(sampler="diffusiongemma", max_denoising_steps=10, stability_threshold=threshold)
+        state, random = _dg_state(sampler, params)
+        n = 0
+        while not state.done:
+            sampler.step(StepInput(logits=sure, positions=[0, 1, 2, 3], step=n, block_state=state, params=params,
+                                   generator=None, tokens=TokenInfo(mask_id=-1), current=state.canvas,
+                                   masked=[True] * 4, random=random))
+            n += 1
+        assert n == passes and state.canvas == [2, 2, 2, 2]        # the argmax is what a canvas commits
+    params = SamplingParams(sampler="diffusiongemma", max_denoising_steps=3, confidence_threshold=0.0)
+    state, random = _dg_state(sampler, params)
+    for n in range(3):                                     # never confident below 0: every step runs
+        sampler.step(StepInput(logits=sure, positions=[0, 1, 2, 3], step=n, block_state=state, params=params,
+                               generator=None, tokens=TokenInfo(mask_id=-1), current=state.canvas,
+                               masked=[True] * 4, random=random))
+    assert state.done and state.step == 0
+
+
+def test_diffusiongemma_refuses_a_schedule_that_does_not_fall():
+    from dlm_backend.engine.samplers import DiffusionGemmaSampler
+    from dlm_backend.errors import SamplingParamsError
+
+    with pytest.raises(SamplingParamsError, match="t_max"):
+        DiffusionGemmaSampler().validate(SamplingParams(sampler="diffusiongemma", t_min=0.9, t_max=0.8))
+
+
+def test_a_seeded_request_on_cpu_draws_the_references_stream_call_for_call():
+    """The fixture's rng_selftest: torch.manual_seed(s) then randint / multinomial draws; a request's
+    generator seeded with s draws the same (which is why seeded one-prompt cases need no replay)."""
+    import json
+    import struct
+
+    from helpers import FIXTURES
+
+    from dlm_backend.engine.samplers.random import TorchRandom
+
+    fixture = json.loads((FIXTURES / "parity-block" / "diffusiongemma-tiny" / "cases.json").read_text())
+    selftest = fixture["rng_selftest"]
+    draws = TorchRandom(torch.Generator().manual_seed(selftest["seed"]))
+    assert draws.randint(512, (16,)).tolist() == selftest["randint_0_512_x16"]
+    probe = selftest["multinomial_probe"]
+    probs = torch.tensor([[struct.unpack(">f", bytes.fromhex(h))[0] for h in row]
+                          for row in probe["probs_float32_hex"]])
+    assert TorchRandom(torch.Generator().manual_seed(selftest["seed"])).multinomial(probs).tolist() == probe["out"]

@@ -12,12 +12,15 @@ from dlm_backend.parity import check_fixture
 
 PUBLIC = [FIXTURES / "parity" / "llada-tiny", FIXTURES / "parity" / "dream-tiny",
           FIXTURES / "parity-block" / "llada2-tiny", FIXTURES / "parity-block" / "sdar-tiny",
-          FIXTURES / "parity-block" / "fastdllm2-tiny"]
+          FIXTURES / "parity-block" / "fastdllm2-tiny", FIXTURES / "parity-block" / "diffusiongemma-tiny"]
+#: fixtures whose sampled cases draw from one stream for a whole batch: exact with the recorded draws
+REPLAYED = {"diffusiongemma-tiny"}
+DGEMMA = FIXTURES / "parity-block" / "diffusiongemma-tiny"
 
 
 @pytest.mark.parametrize("folder", PUBLIC, ids=lambda p: p.name)
 def test_every_case_of_a_public_fixture_is_exact(folder):
-    results = check_fixture(folder)
+    results = check_fixture(folder, replay=folder.name in REPLAYED)
     cases = json.loads((folder / "cases.json").read_text())["cases"]
     assert sum(not r.name.startswith("forward") for r in results) == len(cases)
     assert any(r.name.startswith("forward") for r in results)
@@ -28,6 +31,25 @@ def test_sampled_cases_also_pass_with_the_recorded_draws():
     results = check_fixture(FIXTURES / "parity-block" / "fastdllm2-tiny", replay=True)
     replayed = [r for r in results if "replayed draws" in r.note]
     assert len(replayed) == 2 and all(r.ok for r in results)
+
+
+def test_diffusiongemma_seeded_cases_are_exact_without_replay_but_the_shared_batch_stream():
+    """A seeded request draws from its own generator what torch's global one drew for the reference
+    (the same MT19937 calls), so every one-prompt case is exact on its seed alone; batch2's rows
+    shared one stream, interleaved, which one request's generator cannot draw."""
+    cases = [r for r in check_fixture(DGEMMA) if not r.name.startswith("forward")]
+    assert [r.name for r in cases if not r.ok] == ["#4 batch2"]
+    assert len(cases) == 9 and not any("replayed" in r.note for r in cases)
+
+
+def test_diffusiongemma_forward_checks_cover_every_tensor_the_fixture_records():
+    from safetensors.torch import load_file
+
+    forward = [r for r in check_fixture(DGEMMA, replay=True) if r.name.startswith("forward")]
+    tensors = load_file(str(DGEMMA / "expected_logits.safetensors"))
+    # per encoder pass: logits, hidden, 3 routers, 3 layers x (keys, values); per decoder case: its logits
+    encoders = sum(k.endswith(".input_ids") and "decoder" not in k for k in tensors)
+    assert len(forward) == encoders * 11 + 4 and all(r.ok for r in forward)
 
 
 def test_the_command_prints_a_line_per_case_and_the_count(capsys):
@@ -68,5 +90,11 @@ def test_a_folder_without_cases_is_a_clear_error(tmp_path, capsys):
 @pytest.mark.gpu
 @pytest.mark.parametrize("folder", PUBLIC, ids=lambda p: p.name)
 def test_every_public_fixture_is_exact_on_cuda_with_the_kernels(folder):
-    """float32 on CUDA: the paged-attention, fused-MoE and unmasking kernels run (DLM_KERNELS=auto)."""
-    assert [r.line() for r in check_fixture(folder, device="cuda") if not r.ok] == []
+    """float32 on CUDA: the paged-attention, fused-MoE and unmasking kernels run (DLM_KERNELS=auto).
+    Cases the fixture marks fragile (other tokens under 1e-4 of logit noise: DiffusionGemma's long
+    self-conditioned runs) are bit-level CPU facts, not checked here."""
+    cases = json.loads((folder / "cases.json").read_text())["cases"]
+    fragile = {f"#{i} {c.get('name') or c['sampler']}" for i, c in enumerate(cases)
+               if not c.get("robust_to_logit_noise", {}).get("same_outputs", True)}
+    results = check_fixture(folder, replay=folder.name in REPLAYED, device="cuda")
+    assert [r.line() for r in results if not r.ok and r.name not in fragile] == []

@@ -24,12 +24,25 @@ import torch.nn.functional as F
 
 
 @dataclass
+class DecoderRows:
+    """Rows of a forward that run an encoder-decoder family's decoder (DiffusionGemma's denoising
+    passes; its other rows are encoder rows writing keys and values): ``rows [n]`` int64 and the
+    self-conditioning input each row adds to its embedding, ``conditioning [n, D]`` (zeros on a
+    canvas's first pass, where the reference has none)."""
+
+    rows: torch.Tensor
+    conditioning: torch.Tensor
+
+
+@dataclass
 class ForwardContext:
-    """How one forward runs: its attention backend and whether layers use their Triton kernels
-    (decided once per engine, see :func:`dlm_backend.engine.kernels.resolve_kernels`)."""
+    """How one forward runs: its attention backend, whether layers use their Triton kernels
+    (decided once per engine, see :func:`dlm_backend.engine.kernels.resolve_kernels`) and, for an
+    encoder-decoder family, which rows are decoder rows (None: all are encoder rows)."""
 
     attention: object = None
     triton: bool = False
+    decoder: DecoderRows | None = None
 
 
 _local = threading.local()
@@ -56,12 +69,24 @@ def triton_enabled() -> bool:
     return ctx is not None and ctx.triton
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
-    """q: [T, H, D], k/v: [T, Hkv, D] (rotated) -> [T, H, D], by the current backend."""
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, window: int | None = None,
+              scale: float | None = None) -> torch.Tensor:
+    """q: [T, H, D], k/v: [T, Hkv, D] (rotated) -> [T, H, D], by the current backend.
+
+    ``window`` (a sliding-window layer: Gemma's 1024) hides keys ``window`` or more positions back:
+    a causal or block-causal query at i sees keys j > i - window; a bidirectional pass sees its own
+    fed positions whole and, before them, the keys j > start - window (DiffusionGemma's decoder over
+    its cache, as Hugging Face's sliding cache keeps the last window - 1 positions). ``scale`` is the
+    softmax scale (None: 1/sqrt(D); Gemma 4's is 1.0, its q/k norms stand in for it). Backends take
+    both as keywords; they are only passed when set, so a backend without them keeps working for
+    models that use neither.
+    """
     ctx = current_context()
     if ctx is None or ctx.attention is None:
         raise RuntimeError("attention called outside forward_context(); the runner sets it")
-    return ctx.attention.attend(q, k, v, layer)
+    if window is None and scale is None:
+        return ctx.attention.attend(q, k, v, layer)
+    return ctx.attention.attend(q, k, v, layer, window=window, scale=scale)
 
 
 @dataclass
@@ -79,13 +104,16 @@ class Segment:
     pos_start: int
     block_size: int | None = None
 
-    def mask(self, n_keys: int, key_start: int, device) -> torch.Tensor | None:
-        """The bool [q, k] block-causal mask for keys at positions ``key_start..`` (None if bidirectional)."""
+    def mask(self, n_keys: int, key_start: int, device, window: int | None = None) -> torch.Tensor | None:
+        """The bool [q, k] block-causal mask for keys at positions ``key_start..`` (None if bidirectional),
+        keys ``window`` or more positions behind a query hidden (a bidirectional segment sees its own
+        rows whole: see :func:`attention`)."""
         if self.block_size is None:
             return None
         q = torch.arange(self.pos_start, self.pos_start + self.rows.stop - self.rows.start, device=device)
         k = torch.arange(key_start, key_start + n_keys, device=device)
-        return (k[None, :] // self.block_size) <= (q[:, None] // self.block_size)
+        mask = (k[None, :] // self.block_size) <= (q[:, None] // self.block_size)
+        return mask if window is None else mask & (k[None, :] > q[:, None] - window)
 
 
 @dataclass
@@ -96,15 +124,16 @@ class PackedAttention:
     #: per-forward int32 launch metadata for the kernel path, built at the first layer (one H2D copy).
     _meta: dict = field(default_factory=dict, repr=False)
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
-        if triton_enabled() and all(s.block_size is None for s in self.segments):
-            return self._kernel(q, k, v)
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, window: int | None = None,
+               scale: float | None = None) -> torch.Tensor:
+        if triton_enabled() and all(s.block_size is None for s in self.segments) and scale is None:
+            return self._kernel(q, k, v)               # a bidirectional segment sees its rows whole: no window
         out = torch.empty_like(q)
         for seg in self.segments:
             qs = q[seg.rows].transpose(0, 1)                                   # [H, q, D]
             ks, vs = k[seg.rows].transpose(0, 1), v[seg.rows].transpose(0, 1)  # [Hkv, q, D]
-            mask = seg.mask(ks.shape[1], seg.pos_start, q.device)
-            out[seg.rows] = sdpa(qs[None], ks[None], vs[None], mask)[0].transpose(0, 1)
+            mask = seg.mask(ks.shape[1], seg.pos_start, q.device, window)
+            out[seg.rows] = sdpa(qs[None], ks[None], vs[None], mask, scale)[0].transpose(0, 1)
         return out
 
     def _kernel(self, q, k, v) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""SwiGLU feed-forward: down(silu(gate(x)) * up(x))."""
+"""Gated feed-forward: down(act(gate(x)) * up(x)), SwiGLU (act = silu) or Gemma's GeGLU (tanh GELU)."""
 
 from __future__ import annotations
 
@@ -24,14 +24,18 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:  # [T, I] each
 
 
 class GatedMLP(nn.Module):
-    """The SwiGLU block of the Llama-style families, with their checkpoint names: ``gate_proj`` and
-    ``up_proj`` [width, hidden], ``down_proj`` [hidden, width], no biases."""
+    """The gated MLP of the Llama-style families, with their checkpoint names: ``gate_proj`` and
+    ``up_proj`` [width, hidden], ``down_proj`` [hidden, width], no biases. ``activation`` "silu" is
+    SwiGLU (fused on the kernel path); Gemma's is "gelu_tanh" (``gelu_pytorch_tanh``)."""
 
-    def __init__(self, hidden: int, width: int):
+    def __init__(self, hidden: int, width: int, activation: str = "silu"):
         super().__init__()
+        self.activation = activation
         self.gate_proj = nn.Linear(hidden, width, bias=False)
         self.up_proj = nn.Linear(hidden, width, bias=False)
         self.down_proj = nn.Linear(width, hidden, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:           # [T, hidden]
-        return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x)))
+        if self.activation == "silu":
+            return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x)))
+        return self.down_proj(F.gelu(self.gate_proj(x), approximate="tanh") * self.up_proj(x))

@@ -10,6 +10,7 @@ BUILTIN_MODELS = {
     "SDARForCausalLM": "dlm_backend.engine.models.sdar:SDARForCausalLM",
     "SDARMoeForCausalLM": "dlm_backend.engine.models.sdar:SDARMoeForCausalLM",
     "Fast_dLLM_QwenForCausalLM": "dlm_backend.engine.models.fastdllm2:Fast_dLLM_QwenForCausalLM",
+    "DiffusionGemmaForBlockDiffusion": "dlm_backend.engine.models.diffusion_gemma:DiffusionGemmaForBlockDiffusion",
 }
 
 

@@ -35,10 +35,17 @@ class ModelArgs:
     explicit_head_dim: int | None = None  # config.json's head_dim where it is not hidden_size / heads
     rotary_dim: int | None = None         # partial rotary: the leading dims of a head that rotate
     block_size: int | None = None         # block-diffusion families: the block; None: full-sequence
+    #: per layer (Hkv, head_dim) where layers differ (DiffusionGemma); None: every layer the same
+    layer_kv: tuple[tuple[int, int], ...] | None = None
 
     @property
     def head_dim(self) -> int:
         return self.explicit_head_dim or self.hidden_size // self.num_heads
+
+    @property
+    def kv_shapes(self) -> tuple[tuple[int, int], ...]:
+        """Each layer's (Hkv, head_dim): what the KV pool holds per position."""
+        return self.layer_kv or ((self.num_kv_heads, self.head_dim),) * self.num_layers
 
 
 class DiffusionLM(nn.Module, metaclass=ABCMeta):
@@ -57,11 +64,22 @@ class DiffusionLM(nn.Module, metaclass=ABCMeta):
     #: the family's reference decoding set-up (knob table names), under a checkpoint's own
     #: ``dlm_sampling``: what a request gets when it names nothing
     sampling_defaults: ClassVar[dict] = {}
+    #: how a canvas starts: "mask" (every slot the mask token) or "uniform" (random tokens,
+    #: DiffusionGemma: engine/uniform.py decodes it, with a sampler of the same noise)
+    noise: ClassVar[str] = "mask"
+    #: checkpoint tensors the family does not use (DiffusionGemma's vision tower: text only)
+    ignored_prefixes: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, args: ModelArgs):
         super().__init__()
         self.args = args
         self.rotary: RotaryTable | None = None
+
+    @classmethod
+    def family_defaults(cls, generation_config: dict) -> dict:
+        """The family's decoding defaults for a checkpoint: :attr:`sampling_defaults`, which a family
+        whose reference reads its own fields of ``generation_config.json`` updates from them."""
+        return dict(cls.sampling_defaults)
 
     def setup(self, device: torch.device | str) -> None:
         """Build non-parameter state (the RoPE table) on the target device after weights load."""

@@ -1,6 +1,7 @@
 """Built-in samplers, registered through the same hook a third-party plugin uses."""
 
 from dlm_backend.engine.samplers.base import Commit, Sampler, StepInput, TokenInfo
+from dlm_backend.engine.samplers.diffusiongemma import DiffusionGemmaSampler
 from dlm_backend.engine.samplers.dream import DreamSampler
 from dlm_backend.engine.samplers.entropy_bounded import EntropyBoundedSampler
 from dlm_backend.engine.samplers.factor import FactorSampler
@@ -12,7 +13,7 @@ from dlm_backend.engine.samplers.threshold import ThresholdSampler
 from dlm_backend.hookspecs import hookimpl
 
 BUILTIN_SAMPLERS = (LLaDASampler, DreamSampler, ThresholdSampler, FactorSampler, EntropyBoundedSampler,
-                    LLaDA2Sampler, LLaDA2EditSampler, SDARSampler, FastDLLM2Sampler)
+                    LLaDA2Sampler, LLaDA2EditSampler, SDARSampler, FastDLLM2Sampler, DiffusionGemmaSampler)
 
 
 @hookimpl

@@ -21,9 +21,10 @@ from dlm_backend.engine.params import SamplingParams
 class TokenInfo:
     """Special token ids of the loaded checkpoint."""
 
-    mask_id: int
+    mask_id: int                  # -1: none (a uniform-noise family: its free slots hold random tokens)
     eos_ids: tuple[int, ...] = ()
     eot_ids: tuple[int, ...] = ()
+    vocab_size: int = 0
 
 
 @dataclass
@@ -47,6 +48,10 @@ class StepInput:
 class Commit:
     indices: list[int]            # rows of StepInput.logits to commit
     token_ids: list[int]          # the token for each
+    #: what conditions the request's next pass, if anything: DiffusionGemma's processed logits
+    #: [N, V]; the runner turns them into the model's input (``model.conditioning_input``) before
+    #: the sequence keeps them
+    conditioning: object = None
 
 
 class Sampler(ABC):
@@ -98,6 +103,14 @@ class Sampler(ABC):
     whole_sub_block: ClassVar[bool] = False
     #: a block's first slot is the argmax of the pass that cached the previous block (Fast-dLLM v2)
     ar_first_token: ClassVar[bool] = False
+    #: the canvases it decodes: "mask" (slots start as the mask token) or "uniform" (random tokens;
+    #: a model's ``noise`` must match). A uniform-noise sampler also implements ``begin_canvas``.
+    noise: ClassVar[str] = "mask"
+
+    def begin_canvas(self, random, vocab_size: int, length: int, params: SamplingParams) -> object:
+        """Uniform noise: a canvas's state, its ``length`` starting tokens drawn through ``random``
+        (engine/uniform.py keeps it as the block state; the sampler's own type)."""
+        raise TypeError(f"{type(self).__name__} decodes masked canvases; it has no begin_canvas")
 
     def sub_block(self, params: SamplingParams) -> int | None:
         """Slots of a block decided left to right, one sub-block at a time (None: the whole block)."""

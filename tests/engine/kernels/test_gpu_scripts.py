@@ -12,6 +12,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+import gpu_dgemma  # noqa: E402
 import gpu_e2e  # noqa: E402
 import gpu_moe  # noqa: E402
 
@@ -66,6 +67,31 @@ def test_moe_driver_tiny_cpu(monkeypatch):
     assert 1 <= r["experts_per_pass"] <= 2 * 16          # two MoE layers of 16 experts
     always, per_expert = gpu_moe.weight_bytes(model)
     assert per_expert == 3 * 32 * 64 * 4 and always > 0   # gate, up, down of width 32 on hidden 64, fp32
+
+
+def test_dgemma_script_builds_the_26b_a4b_shape():
+    from dlm_backend.engine.models.registry import resolve_model_class
+
+    config = gpu_dgemma.big_config()
+    with torch.device("meta"):
+        model = resolve_model_class(config).from_config(config)
+    n = sum(p.numel() for p in model.parameters())
+    experts = sum(p.numel() for m in model.modules() if isinstance(m, gpu_dgemma.GemmaExperts) for p in m.parameters())
+    assert 25.0e9 < n < 25.5e9 and 3.7e9 < n - experts * (1 - 8 / 128) < 3.9e9     # 25.2B total, 3.8B active
+    assert model.args.kv_shapes[:6] == ((8, 256),) * 5 + ((2, 512),) and model.args.block_size == 256
+
+
+def test_dgemma_driver_tiny_cpu(monkeypatch):
+    monkeypatch.setenv("DLM_KERNELS", "torch")
+    model = gpu_dgemma.random_model(gpu_dgemma.tiny_config())
+    r = gpu_dgemma.measure(model, "cpu", batch=2, prompt_len=10, new_tokens=20, steps=3, hbm_tbps=4.8)
+    # 20 tokens: two canvases of 16, three decoder steps each, the prompt and the first canvas encoded
+    assert r["tokens"] == 40 and r["passes"] == 2 * 3 + 2 and r["tokens_per_s"] > 0 and r["step_ms"] > 0
+    assert 1 <= r["experts_per_step"] <= 3 * 8
+    always, per_expert = gpu_dgemma.weight_bytes(model)
+    assert per_expert == 3 * 32 * 64 * 4              # gate, up (fused) and down of width 32 on hidden 64, fp32
+    embed = model.model.decoder.embed_tokens.weight
+    assert always > 2 * embed.numel() * 4             # the tied embedding is read twice a step
 
 
 def test_scripts_refuse_cpu_clearly(tmp_path):

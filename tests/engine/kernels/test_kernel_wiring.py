@@ -57,7 +57,7 @@ def _mixed_forward(model, ids, length, triton):
     # A paged segment (writes into / reads its pages) first, then two unpaged ones at other row
     # offsets: the kernel path runs the paged kernel and packs the two others into one launch.
     a, dev = model.args, ids.device
-    pool = KVPool(a.num_layers, a.num_kv_heads, a.head_dim, 16, 1, torch.float32, dev)
+    pool = KVPool(a.kv_shapes, 16, 1, torch.float32, dev)
     plain = PackedAttention([Segment(slice(length, length + 5), 0), Segment(slice(length + 5, 26), 0)])
     backend = PagedBatch(pool, plain, [0, length], [0], [length], [[0]], [0], dev)
     pos = torch.cat([torch.arange(length), torch.arange(5), torch.arange(26 - 5 - length)]).to(dev)
@@ -127,10 +127,11 @@ def test_static_block_step_equals_varlen_path(family, monkeypatch):
 
     def checked(seqs, steps, shift):
         hidden, rows = static_forward(seqs, steps, shift)
-        snapshot = (runner.pool.k.clone(), runner.pool.v.clone())     # the packed path writes the same keys
+        snapshot = [(k.clone(), v.clone()) for k, v in runner.pool.groups]   # the packed path writes the same keys
         ref, ref_rows = runner._forward(seqs, steps, shift)
-        runner.pool.k.copy_(snapshot[0])
-        runner.pool.v.copy_(snapshot[1])
+        for (k, v), (k0, v0) in zip(runner.pool.groups, snapshot):
+            k.copy_(k0)
+            v.copy_(v0)
         for r, rr in zip(rows, ref_rows):
             torch.testing.assert_close(hidden[r], ref[rr], atol=1e-4, rtol=1e-4)
         compared.append(len(seqs))
