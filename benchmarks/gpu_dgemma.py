@@ -31,6 +31,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from gpu_moe import drive  # noqa: E402
 from random_checkpoint import dgemma_config, random_model  # noqa: E402
 
 from dlm_backend.engine.config import EngineConfig  # noqa: E402
@@ -96,20 +97,7 @@ def run(runner, alloc, model, batch, prompt_len, new_tokens, steps, counter=None
     g = torch.Generator().manual_seed(seed)
     seqs = [UniformSequence(torch.randint(3, a.vocab_size, (prompt_len,), generator=g).tolist(), params,
                             DiffusionGemmaSampler(), runner.tokens) for _ in range(batch)]
-    for s in seqs:
-        s.pages = alloc.allocate(alloc.pages_for(s.kv_positions))
-    sync = torch.cuda.synchronize if runner.device.type == "cuda" else (lambda: None)
-    records = []
-    while live := [s for s in seqs if not s.is_finished]:
-        kind = live[0].plan(model.logits_shift).kind
-        sync()
-        t0 = time.perf_counter()
-        runner.step(live)
-        sync()
-        records.append((kind, time.perf_counter() - t0, counter.take() if counter else 0))
-    for s in seqs:
-        alloc.release(s.pages)
-    return seqs, records
+    return seqs, drive(runner, alloc, model, seqs, counter)
 
 
 def measure(model, device, batch, prompt_len, new_tokens, steps, hbm_tbps) -> dict:

@@ -86,14 +86,8 @@ def weight_bytes(model) -> tuple[int, int]:
     return always, per_expert
 
 
-def run(runner, alloc, model, batch, prompt_len, new_tokens, block, counter=None, seed=0):
-    """``batch`` requests to completion; per-pass records (kind, seconds, experts touched or 0)."""
-    vocab, mask = model.args.vocab_size, runner.tokens.mask_id
-    params = SamplingParams(sampler="llada2", max_tokens=new_tokens, block_length=block, threshold=0.95,
-                            cache="prefix", ignore_eos=True)
-    g = torch.Generator().manual_seed(seed)
-    seqs = [BlockSequence(torch.randint(0, min(vocab, mask) - 8, (prompt_len,), generator=g).tolist(), params,
-                          LLaDA2Sampler(), runner.tokens) for _ in range(batch)]
+def drive(runner, alloc, model, seqs, counter=None) -> list[tuple]:
+    """Run ``seqs`` to completion on their own pages; per-pass records (kind, seconds, experts touched or 0)."""
     for s in seqs:
         s.pages = alloc.allocate(alloc.pages_for(s.kv_positions))
     sync = torch.cuda.synchronize if runner.device.type == "cuda" else (lambda: None)
@@ -107,7 +101,18 @@ def run(runner, alloc, model, batch, prompt_len, new_tokens, block, counter=None
         records.append((kind, time.perf_counter() - t0, counter.take() if counter else 0))
     for s in seqs:
         alloc.release(s.pages)
-    return seqs, records
+    return records
+
+
+def run(runner, alloc, model, batch, prompt_len, new_tokens, block, counter=None, seed=0):
+    """``batch`` requests to completion; per-pass records (kind, seconds, experts touched or 0)."""
+    vocab, mask = model.args.vocab_size, runner.tokens.mask_id
+    params = SamplingParams(sampler="llada2", max_tokens=new_tokens, block_length=block, threshold=0.95,
+                            cache="prefix", ignore_eos=True)
+    g = torch.Generator().manual_seed(seed)
+    seqs = [BlockSequence(torch.randint(0, min(vocab, mask) - 8, (prompt_len,), generator=g).tolist(), params,
+                          LLaDA2Sampler(), runner.tokens) for _ in range(batch)]
+    return seqs, drive(runner, alloc, model, seqs, counter)
 
 
 def measure(model, device, batch, prompt_len, new_tokens, block, hbm_tbps) -> dict:

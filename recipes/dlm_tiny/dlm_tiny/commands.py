@@ -28,12 +28,7 @@ def _eval(args) -> int:
     if args.configs:
         configs = select_configs(configs, args.configs)
     rows = evaluate(args.model, per_family=args.per_family, configs=configs)
-    table = format_table(rows)
-    print(table)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "eval.json").write_text(json.dumps(rows, indent=2))
-    (out / "eval.md").write_text(table + "\n")
+    out = _write(args.out, rows, format_table(rows))
     if plot(rows, out / "accuracy_vs_passes.png"):
         print(f"plot: {out / 'accuracy_vs_passes.png'}")
     return 0
@@ -46,14 +41,19 @@ def _eval_handwritten(args) -> int:
     path = None if args.set == "handwritten" else args.set
     max_tokens = 128 if args.max_tokens is None else args.max_tokens     # the longest expected reply is 112
     rows, replies = evaluate(args.model, path=path, max_tokens=max_tokens, labels=args.configs)
-    table = format_table(rows)
-    print(table)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "eval.json").write_text(json.dumps(rows, indent=2))
-    (out / "eval.md").write_text(table + "\n")
+    out = _write(args.out, rows, format_table(rows))
     (out / "replies.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in replies))
     return 0
+
+
+def _write(out: str, rows: list[dict], table: str) -> Path:
+    """Print the table and keep it, with its rows, in ``out`` (created)."""
+    print(table)
+    path = Path(out)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "eval.json").write_text(json.dumps(rows, indent=2))
+    (path / "eval.md").write_text(table + "\n")
+    return path
 
 
 @hookimpl
