@@ -78,6 +78,8 @@ class DiffusionLM(nn.Module, metaclass=ABCMeta):
         self.args = args
         self.rotary: RotaryTable | None = None
         self.tp = build_group()                 # None: one device
+        if self.tp is not None:                 # the heads first: the error a user can act on
+            self.tp.kv_heads(args.num_kv_heads, args.num_heads)
 
     @property
     def kv_shapes(self) -> tuple[tuple[int, int], ...]:

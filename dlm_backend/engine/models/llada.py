@@ -18,7 +18,8 @@ from dlm_backend.engine.models.config import MAX_HEADS, MAX_LAYERS, MAX_POSITION
 class LLaDABlock(nn.Module):
     def __init__(self, args: ModelArgs, layer: int, qkv_bias: bool):
         super().__init__()
-        d, heads, kv, hd, width = args.hidden_size, args.num_heads, args.num_kv_heads, args.head_dim, args.intermediate_size
+        d, heads, kv, hd = args.hidden_size, args.num_heads, args.num_kv_heads, args.head_dim
+        width = args.intermediate_size
         self.layer, self.args = layer, args
         self.attn_norm = RMSNorm(d, args.norm_eps)
         self.ff_norm = RMSNorm(d, args.norm_eps)

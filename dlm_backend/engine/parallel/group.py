@@ -43,8 +43,9 @@ class TPGroup:
     def split(self, size: int, what: str) -> slice:
         """This rank's contiguous 1/world of ``size`` (``what`` names the dimension in the error)."""
         if size % self.world:
-            raise DLMError(f"tensor_parallel_size={self.world} must divide {what} ({size}). Choose a size that "
-                           f"divides it (1, 2, 4 ... up to {size}), or run the model on fewer devices.")
+            fits = [n for n in range(1, min(size, 64) + 1) if size % n == 0]
+            raise DLMError(f"tensor_parallel_size={self.world} must divide {what} ({size}). Choose one that "
+                           f"does ({', '.join(map(str, fits))}).")
         n = size // self.world
         return slice(self.rank * n, (self.rank + 1) * n)
 
