@@ -83,3 +83,17 @@ def test_each_rank_holds_its_share_of_the_weights_and_the_kv_heads(pair):
     a = solo.engine.model_args
     assert split.engine.runner.model.kv_shapes[0] == (a.num_kv_heads // 2, a.head_dim)
     assert split.engine.runner.pool.num_pages >= solo.engine.runner.pool.num_pages
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["llada", "llada2"])
+def test_two_gpus_over_nccl_give_the_one_gpu_tokens(name):
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two CUDA devices")
+    folder, overrides = MODELS[name]
+    outs = []
+    for tp in (1, 2):
+        with LLM(str(folder), device="cuda", dtype="float32", tensor_parallel_size=tp,
+                 config_overrides=overrides) as llm:
+            outs.append(_run(llm, PROMPTS, _greedy(llm, max_tokens=12)))
+    assert outs[0] == outs[1]
