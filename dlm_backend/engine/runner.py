@@ -84,10 +84,21 @@ class ModelRunner:
             raise self.workers.failure(exc) from exc
 
     def _execute(self, batch: ForwardBatch):
+        return self._head(self.forward(batch), batch.logit_rows, batch.stat_rows, batch.exclude_id)
+
+    def pack(self, seqs: list[Sequence], steps: list[Pass], shift: int) -> tuple[ForwardBatch, list[list[int]]]:
+        """One forward of the passes (paged ones first, as PagedBatch reads them) and, per sequence,
+        the rows holding its candidates' predictions."""
+        batch = ForwardBatch(exclude_id=self.tokens.mask_id)
+        packed = {i: batch.add(seqs[i], steps[i], shift, self.tokens.mask_id)
+                  for i in sorted(range(len(seqs)), key=lambda i: not steps[i].paged)}
+        return batch, [packed[i] for i in range(len(seqs))]
+
+    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        """The model over ``batch``'s rows: hidden states [T, D] (no head)."""
         ids, pos, backend, decoder = batch.tensors(self.pool, self.device, self.model.args.hidden_size, self.dtype)
         with forward_context(ForwardContext(backend, self.triton, decoder)):
-            hidden = self.model(ids, pos)                                                  # [T, D]
-        return self._head(hidden, batch.logit_rows, batch.stat_rows, batch.exclude_id)
+            return self.model(ids, pos)
 
     def _head(self, hidden: torch.Tensor, logit_rows: list[int], stat_rows: list[int], exclude_id: int):
         """The final norm and head on just the rows a sampler reads."""
@@ -121,10 +132,7 @@ class ModelRunner:
             logit_rows, stat_rows = _head_rows(rows, [fused[i] for i in static])
             _split(outputs, static, rows, fused, *self._head(hidden, logit_rows, stat_rows, mask_id))
         if rest:
-            batch = ForwardBatch(exclude_id=mask_id)
-            packed = {i: batch.add(seqs[i], steps[i], shift, mask_id)        # paged passes first (PagedBatch)
-                      for i in sorted(rest, key=lambda i: not steps[i].paged)}
-            rows = [packed[i] for i in rest]
+            batch, rows = self.pack([seqs[i] for i in rest], [steps[i] for i in rest], shift)
             batch.logit_rows, batch.stat_rows = _head_rows(rows, [fused[i] for i in rest])
             _split(outputs, rest, rows, fused, *self.execute(batch))
         checked = [o if isinstance(o, torch.Tensor) else o.prob for o in outputs if o is not None]

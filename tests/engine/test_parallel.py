@@ -40,9 +40,12 @@ def _run(llm, prompts, params):
     return [(o.token_ids, o.num_forward_passes) for o in llm.generate(prompt_token_ids=prompts, sampling_params=params)]
 
 
-def test_a_batch_on_two_ranks_gives_every_request_its_one_device_tokens(pair):
+@pytest.mark.parametrize("cache", [None, "none"], ids=["own-cache", "no-cache"])
+def test_a_batch_on_two_ranks_gives_every_request_its_one_device_tokens(pair, cache):
+    """The family's own cache (dual pages for llada/dream, prefix pages for the block families) and
+    none (unpaged passes over the whole canvas)."""
     name, solo, split = pair
-    params = _greedy(solo, max_tokens=12)
+    params = _greedy(solo, max_tokens=12, **({"cache": cache} if cache else {}))
     want = [_run(solo, [p], params)[0] for p in PROMPTS]
     assert _run(split, PROMPTS, params) == want
 
