@@ -18,7 +18,6 @@ from dlm_backend.engine.kv import PageAllocator
 from dlm_backend.engine.metrics import EngineStats
 from dlm_backend.engine.outputs import StreamChunk
 from dlm_backend.engine.params import SamplingParams
-from dlm_backend.engine.parallel.workers import ParallelWorkerError
 from dlm_backend.engine.parallel.workers import start as start_workers
 from dlm_backend.engine.runner import ModelRunner
 from dlm_backend.engine.samplers.base import Sampler
@@ -27,7 +26,7 @@ from dlm_backend.engine.scheduler import Scheduler
 from dlm_backend.engine.sequence import Sequence
 from dlm_backend.engine.uniform import UniformSequence
 from dlm_backend.engine.validate import check_request, find_sampler
-from dlm_backend.errors import QueueFullError, SamplingParamsError
+from dlm_backend.errors import ParallelWorkerError, QueueFullError, SamplingParamsError
 
 
 class LLMEngine:

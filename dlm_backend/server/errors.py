@@ -10,8 +10,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from dlm_backend.engine.parallel.workers import ParallelWorkerError
-from dlm_backend.errors import ContextLengthError, DLMError, EngineError, QueueFullError
+from dlm_backend.errors import ContextLengthError, DLMError, EngineError, ParallelWorkerError, QueueFullError
 from dlm_backend.server.model import Busy, Unavailable
 
 log = logging.getLogger("dlm_backend.server")

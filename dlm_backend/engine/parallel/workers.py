@@ -24,16 +24,12 @@ import torch
 import torch.distributed as dist
 
 from dlm_backend.engine.parallel.group import TPGroup
-from dlm_backend.errors import DLMError, EngineError
+from dlm_backend.errors import DLMError, ParallelWorkerError
 
 #: How long a collective may wait for a rank (a load of a 206 GB checkpoint included) before it fails.
 COLLECTIVE_TIMEOUT_S = 1800
 #: How long close() waits for a worker to leave before it is terminated.
 JOIN_TIMEOUT_S = 10
-
-
-class ParallelWorkerError(EngineError):
-    """A worker process of a tensor-parallel engine died or lost contact; the engine cannot run again."""
 
 
 def _free_port() -> int:
