@@ -26,8 +26,13 @@ import torch.distributed as dist
 from dlm_backend.engine.parallel.group import TPGroup
 from dlm_backend.errors import DLMError, ParallelWorkerError
 
-#: How long a collective may wait for a rank (a load of a 206 GB checkpoint included) before it fails.
+#: How long the step-input (gloo) collectives wait for a rank, the load handshake of a 206 GB
+#: checkpoint included, before they fail.
 COLLECTIVE_TIMEOUT_S = 1800
+#: How long a forward's NCCL collective waits for a rank (a pass takes well under a second): a worker
+#: lost inside a forward on GPUs ends in NCCL's watchdog after this, not in a clear error (on CPU, gloo
+#: reports the lost peer at once).
+NCCL_TIMEOUT_S = 300
 #: How long close() waits for a worker to leave before it is terminated.
 JOIN_TIMEOUT_S = 10
 
@@ -59,9 +64,11 @@ def init_group(rank: int, world: int, device: torch.device, init_method: str) ->
     backend = "nccl" if device.type == "cuda" else "gloo"
     if device.type == "cuda":
         torch.cuda.set_device(device)
+    timeout = NCCL_TIMEOUT_S if backend == "nccl" else COLLECTIVE_TIMEOUT_S
     dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world,
-                            timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S))
-    cpu_group = dist.new_group(backend="gloo") if backend == "nccl" else None
+                            timeout=timedelta(seconds=timeout))
+    cpu_group = (dist.new_group(backend="gloo", timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S))
+                 if backend == "nccl" else None)
     return TPGroup(rank, world, device, cpu_group)
 
 
