@@ -19,6 +19,7 @@ import socket
 import subprocess
 import sys
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -161,7 +162,10 @@ def start(config) -> tuple[TPGroup, Workers]:
         rank, local = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
         group = init_group(rank, world, _device(base, local), "env://")
         if rank != 0:
-            serve(config, group)
+            try:
+                serve(config, group)
+            finally:
+                dist.destroy_process_group()
             raise SystemExit(0)
         return group, Workers(group, [])
     if base.type == "cuda" and torch.cuda.device_count() < world:
@@ -169,8 +173,11 @@ def start(config) -> tuple[TPGroup, Workers]:
                        f"{torch.cuda.device_count()}. Use fewer, or launch over several nodes with torchrun.")
     init = f"tcp://127.0.0.1:{_free_port()}"
     spec = json.dumps(dataclasses.asdict(config))
-    procs = [subprocess.Popen([sys.executable, "-m", "dlm_backend.engine.parallel", spec, str(rank), str(world), init])
-             for rank in range(1, world)]
+    # The workers import the very package rank 0 runs, wherever it was found (a checkout on sys.path).
+    package_root = str(Path(__file__).resolve().parents[3])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p)}
+    procs = [subprocess.Popen([sys.executable, "-m", "dlm_backend.engine.parallel", spec, str(r), str(world), init],
+                              env=env) for r in range(1, world)]
     group = _init_or_stop(procs, lambda: init_group(0, world, _device(base, 0), init))
     return group, Workers(group, procs)
 
