@@ -4,7 +4,7 @@
 #   bf16 within tolerance) and `dlm parity` on every block fixture (paged attention, fused MoE)
 #   4. end-to-end: an LLaDA2.0-mini-shaped MoE (16B, random bf16), a DiffusionGemma-26B-A4B-shaped one
 #      (25B: decoder step, committed tokens/s, weight-read bound at batch 1 and 8) and an LLaDA-8B dense model
-#   5. per-kernel benchmarks vs torch
+#   5. tensor parallelism, when more than one GPU is visible   6. per-kernel benchmarks vs torch
 # Results go to $OUT/gpu_check.txt when $OUT is set, else ./gpu_results/gpu_check.txt.
 # Uses the first Python that has torch + triton + a CUDA device ($PYTHON, .venv, python3, python).
 # Every section has a time limit and the whole script a budget (most valuable first); a failing
@@ -82,6 +82,19 @@ section "parity on CUDA: dlm parity on the block fixtures (fp32 exact)" 60 "${PY
 section "end-to-end: LLaDA2.0-mini MoE shape, random bf16 weights" 150 "$PY" benchmarks/gpu_moe.py
 section "end-to-end: DiffusionGemma 26B-A4B shape, random bf16 weights, batch 1 and 8" 150 "$PY" benchmarks/gpu_dgemma.py
 section "end-to-end: LLaDA-8B shape, random bf16 weights" 100 "$PY" benchmarks/gpu_e2e.py
+
+# Tensor parallelism needs more than one GPU: NCCL equality tests, then throughput at TP 1/2(/4).
+NGPU=$("$PY" -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)
+if (( NGPU > 1 )); then
+    SIZES=1,2
+    (( NGPU >= 4 )) && SIZES=1,2,4
+    section "tensor parallel on $NGPU GPUs: TP 2 tokens equal TP 1 (NCCL)" 90 "${PYTEST[@]}" tests/engine/test_parallel.py -m gpu
+    section "tensor parallel: LLaDA-8B and LLaDA2.0-mini shapes (2 layers each, random bf16), TP $SIZES" 240 \
+        "$PY" benchmarks/bench_tp.py --device cuda --models llada-8b,llada2-mini --sizes "$SIZES" --layers 2
+else
+    say ""
+    say "=== tensor parallel: $NGPU GPU visible, section skipped (needs more than one)"
+fi
 
 for k in paged_attention moe unmask rmsnorm rotary swiglu attention; do
     section "bench_$k" 30 "$PY" "benchmarks/kernels/bench_$k.py"

@@ -19,6 +19,9 @@ def _add_model_args(p: argparse.ArgumentParser, positional: bool = True) -> None
                        help="checkpoint folder or hub id (default: $DLM_MODEL or the embedded dlm-tiny)")
     p.add_argument("--device", default=None, help="cuda, cpu, ... (default: cuda if available)")
     p.add_argument("--dtype", default="auto", help="auto, float32, bfloat16, float16")
+    p.add_argument("--tensor-parallel-size", type=int, default=None, metavar="N",
+                   help="split the model over N devices (GPUs; on CPU, N processes over gloo); under torchrun, "
+                        "N = nodes x processes per node (default: 1)")
 
 
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -50,7 +53,7 @@ def _params(args, llm):
 def _llm(args):
     from dlm_backend import LLM
 
-    return LLM(args.model, device=args.device, dtype=args.dtype)
+    return LLM(args.model, device=args.device, dtype=args.dtype, tensor_parallel_size=args.tensor_parallel_size)
 
 
 def cmd_generate(args) -> int:
@@ -106,6 +109,7 @@ def cmd_chat(args) -> int:
 def cmd_serve(args) -> int:
     import uvicorn
 
+    from dlm_backend.engine.parallel.workers import worker_rank
     from dlm_backend.server import create_app
     from dlm_backend.server.config import LOOPBACK_NAMES
     from dlm_backend.server.connections import GuardedH11Protocol
@@ -120,10 +124,11 @@ def cmd_serve(args) -> int:
                           dtype=args.dtype, api_key=api_key, max_body_bytes=args.max_body_bytes,
                           max_tokens_limit=args.max_tokens_limit, max_prompt_tokens=args.max_prompt_tokens,
                           limits=limits, kv_cache_memory=args.kv_cache_memory, prefix_caching=args.prefix_caching,
+                          tensor_parallel_size=args.tensor_parallel_size,
                           allowed_hosts=list(LOOPBACK_NAMES) if loopback and not api_key else None)
     app = create_app(config=config)
-    if not args.lazy:
-        app.state.llm()           # load before accepting connections
+    if not args.lazy or worker_rank():
+        app.state.llm()           # load before accepting connections; a torchrun worker rank serves (and exits) here
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", http=GuardedH11Protocol)
     return 0
 

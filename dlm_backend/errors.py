@@ -46,6 +46,11 @@ class EngineError(DLMError):
     """A request failed inside the engine; other requests keep running."""
 
 
+class ParallelWorkerError(EngineError):
+    """A worker process of a tensor-parallel engine died or lost contact: the engine's requests fail
+    and it takes no more until it is restarted (a server's /health answers 503)."""
+
+
 class RequestTimeoutError(DLMError, TimeoutError):
     """A request ran past the ``timeout`` its caller gave and was aborted (its engine slot freed).
     A ``TimeoutError``, so ``except TimeoutError`` and retry policies keyed on it catch it."""

@@ -6,12 +6,15 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from dlm_backend.engine.config import EngineConfig
+from dlm_backend.engine.config import EngineConfig, make_pool
 from dlm_backend.engine.loader import read_config, resolve_checkpoint
 from dlm_backend.engine.weights import load_model
 from dlm_backend.engine.models.base import DiffusionLM
 from dlm_backend.engine.models.config import ConfigReader
 from dlm_backend.engine.params import checkpoint_defaults, layered
+from dlm_backend.engine.parallel.group import TPGroup
+from dlm_backend.engine.parallel.workers import agree
+from dlm_backend.engine.runner import ModelRunner
 from dlm_backend.engine.samplers.base import TokenInfo
 from dlm_backend.engine.tokenizer import Tokenizer
 from dlm_backend.errors import CheckpointError
@@ -35,13 +38,14 @@ class Checkpoint:
         return self.folder.name
 
 
-def open_checkpoint(config: EngineConfig) -> Checkpoint:
-    """Resolve, read, check and load the checkpoint ``config`` names (a DLMError naming the problem)."""
+def open_checkpoint(config: EngineConfig, tp: TPGroup | None = None) -> Checkpoint:
+    """Resolve, read, check and load the checkpoint ``config`` names (a DLMError naming the problem).
+    With a tensor-parallel group, this rank's shard loads while the workers load theirs."""
     folder = resolve_checkpoint(config.model, config.revision)
     hf_config = {**read_config(folder), **config.config_overrides}
     # Checked before the weights load, so a bad file fails fast.
     defaults = checkpoint_defaults(hf_config.get("_generation_config", {}), str(folder / "generation_config.json"))
-    model = load_model(folder, hf_config, config.torch_device, config.torch_dtype)
+    model = _load(config, folder, hf_config, tp)
     # The family's reference set-up first (LLaDA2: llada2 at 0.95), the checkpoint's own on top; a
     # checkpoint naming another sampler replaces it whole.
     defaults = layered(type(model).family_defaults(hf_config.get("_generation_config", {})), defaults)
@@ -49,6 +53,21 @@ def open_checkpoint(config: EngineConfig) -> Checkpoint:
     # or to nothing) is an error, not "absent".
     tokenizer = Tokenizer(folder) if os.path.lexists(folder / "tokenizer.json") else None
     return Checkpoint(folder, hf_config, defaults, model, tokenizer, _token_info(model, hf_config, tokenizer))
+
+
+def _load(config: EngineConfig, folder: Path, hf_config: dict, tp: TPGroup | None) -> DiffusionLM:
+    if tp is None:
+        return load_model(folder, hf_config, config.torch_device, config.torch_dtype)
+    return agree(tp, lambda: load_model(folder, hf_config, tp.device, config.torch_dtype, tp))
+
+
+def shard_runner(config: EngineConfig, tp: TPGroup, triton: bool) -> ModelRunner:
+    """A tensor-parallel worker's runner: its shard of the checkpoint and a KV pool of the engine's page
+    count (no tokenizer, no sampler: rank 0 decides everything)."""
+    folder = resolve_checkpoint(config.model, config.revision)
+    hf_config = {**read_config(folder), **config.config_overrides}
+    model = _load(config, folder, hf_config, tp)
+    return ModelRunner(model, tp.device, config.torch_dtype, None, make_pool(config, model, tp.device, tp), triton)
 
 
 def _token_info(model: DiffusionLM, hf_config: dict, tokenizer: Tokenizer | None) -> TokenInfo:

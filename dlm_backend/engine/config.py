@@ -75,6 +75,9 @@ class EngineConfig:
     #: share the keys and values of identical prompt prefixes between requests (block families);
     #: off only changes how many passes a request costs, never its tokens
     prefix_caching: bool = True
+    #: devices (processes) the model is split over: column/row-parallel layers, experts partitioned,
+    #: rank 0 scheduling (engine/parallel); on CPU the ranks are processes talking over gloo
+    tensor_parallel_size: int = 1
 
     def __post_init__(self):
         check_dtype(self.dtype)
@@ -85,6 +88,10 @@ class EngineConfig:
             raise DLMError(f"kv_cache_memory must be a number of bytes of at least 1 MiB, got {self.kv_cache_memory!r}.")
         if not isinstance(self.config_overrides, dict):
             raise DLMError("config_overrides must be a dict of config.json fields.")
+        tp = self.tensor_parallel_size
+        if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
+            raise DLMError(f"tensor_parallel_size must be an integer >= 1 (devices to split the model over), "
+                           f"got {tp!r}.")
         if self.kernels not in MODES:
             raise DLMError(f"kernels (DLM_KERNELS) {self.kernels!r} is not a kernel mode; use one of "
                            f"{', '.join(MODES)}.")
@@ -102,7 +109,7 @@ class EngineConfig:
         """Engines are shared per key: the same weights on the same device, run the same way."""
         return (os.path.abspath(self.model) if os.path.isdir(self.model) else self.model, str(self.torch_device),
                 self.torch_dtype, self.revision, self.kernels, self.cuda_graphs, self.kv_cache_memory,
-                self.prefix_caching,
+                self.prefix_caching, self.tensor_parallel_size,
                 json.dumps(self.config_overrides, sort_keys=True, default=str))
 
 
@@ -110,13 +117,26 @@ CPU_KV_BYTES = 1 << 30          # torch.empty: the OS commits pages only as requ
 GPU_KV_FRACTION = 0.9           # of the memory free after the weights, the rest for activations
 
 
-def kv_pages(config: EngineConfig, args, page_size: int, dtype: torch.dtype, device: torch.device) -> int:
-    """How many KV pages the engine's budget holds (at least one request's worth of a small canvas)."""
+def kv_pages(config: EngineConfig, shapes, page_size: int, dtype: torch.dtype, device: torch.device) -> int:
+    """How many KV pages the engine's budget holds (at least one request's worth of a small canvas);
+    ``shapes``: each layer's (Hkv, head_dim) on this device (a rank's share under tensor parallelism)."""
     from dlm_backend.engine.kv.pool import KVPool
 
     budget = config.kv_cache_memory
     if budget is None:
         budget = int(torch.cuda.mem_get_info(device)[0] * GPU_KV_FRACTION) if device.type == "cuda" else CPU_KV_BYTES
-    page = KVPool.page_bytes(args.kv_shapes, page_size, dtype)
+    page = KVPool.page_bytes(shapes, page_size, dtype)
     return max(4, budget // page)
+
+
+def make_pool(config: EngineConfig, model, device: torch.device, tp=None):
+    """The KV pool for ``model`` on ``device``: every rank of a tensor-parallel engine takes the page
+    count the tightest rank can hold, since rank 0's page tables address every rank's pool."""
+    from dlm_backend.engine.kv.pool import KVPool, page_size_for
+
+    page_size, dtype = page_size_for(model.args.block_size), config.torch_dtype
+    pages = kv_pages(config, model.kv_shapes, page_size, dtype, device)
+    if tp is not None:
+        pages = tp.min_over_ranks(pages)
+    return KVPool(model.kv_shapes, page_size, pages, dtype, device)
 

@@ -12,13 +12,13 @@ import time
 from dlm_backend.engine.blocks import BlockSequence
 from dlm_backend.engine.canvas import CanvasSequence
 from dlm_backend.engine.checkpoint import Checkpoint, open_checkpoint
-from dlm_backend.engine.config import EngineConfig, EngineLimits, kv_pages
+from dlm_backend.engine.config import EngineConfig, EngineLimits, make_pool
 from dlm_backend.engine.kernels import resolve_kernels
-from dlm_backend.engine.kv import KVPool, PageAllocator
-from dlm_backend.engine.kv.pool import page_size_for
+from dlm_backend.engine.kv import PageAllocator
 from dlm_backend.engine.metrics import EngineStats
 from dlm_backend.engine.outputs import StreamChunk
 from dlm_backend.engine.params import SamplingParams
+from dlm_backend.engine.parallel.workers import start as start_workers
 from dlm_backend.engine.runner import ModelRunner
 from dlm_backend.engine.samplers.base import Sampler
 from dlm_backend.engine.samplers.random import ReplayRandom
@@ -26,7 +26,7 @@ from dlm_backend.engine.scheduler import Scheduler
 from dlm_backend.engine.sequence import Sequence
 from dlm_backend.engine.uniform import UniformSequence
 from dlm_backend.engine.validate import check_request, find_sampler
-from dlm_backend.errors import QueueFullError, SamplingParamsError
+from dlm_backend.errors import ParallelWorkerError, QueueFullError, SamplingParamsError
 
 
 class LLMEngine:
@@ -36,11 +36,20 @@ class LLMEngine:
         from dlm_backend.plugins import registered_samplers
 
         self.config = config
-        self.device, self.dtype = config.torch_device, config.torch_dtype
+        tp, self.workers = start_workers(config) if config.tensor_parallel_size > 1 else (None, None)
+        try:
+            self._build(config, tp, registered_samplers(), limits)
+        except BaseException:
+            if self.workers is not None:            # they would wait for a forward that never comes
+                self.workers.close(abort=True)
+            raise
+
+    def _build(self, config: EngineConfig, tp, samplers, limits) -> None:
+        self.device, self.dtype = tp.device if tp else config.torch_device, config.torch_dtype
         triton = resolve_kernels(config.kernels, self.device)      # before the weights load
-        self.checkpoint: Checkpoint = open_checkpoint(config)
+        self.checkpoint: Checkpoint = open_checkpoint(config, tp)
         model = self.checkpoint.model
-        self.samplers: dict[str, Sampler] = {name: cls() for name, cls in registered_samplers().items()}
+        self.samplers: dict[str, Sampler] = {name: cls() for name, cls in samplers.items()}
         if "sampler" in self.sampling_defaults:
             try:
                 find_sampler(self.samplers, self.sampling_defaults["sampler"])
@@ -48,11 +57,11 @@ class LLMEngine:
                 raise SamplingParamsError(f"{self.checkpoint.folder / 'generation_config.json'}: 'dlm_sampling' "
                                           f"names a sampler that is not registered. {exc}") from None
         a = model.args
-        self.page_size = page_size_for(a.block_size)
-        num_pages = kv_pages(config, a, self.page_size, self.dtype, self.device)
-        pool = KVPool(a.kv_shapes, self.page_size, num_pages, self.dtype, self.device)
-        self.allocator = PageAllocator(num_pages, self.page_size)
-        self.runner = ModelRunner(model, self.device, self.dtype, self.tokens, pool, triton, config.cuda_graphs)
+        pool = make_pool(config, model, self.device, tp)
+        self.page_size = pool.page_size
+        self.allocator = PageAllocator(pool.num_pages, self.page_size)
+        self.runner = ModelRunner(model, self.device, self.dtype, self.tokens, pool, triton, config.cuda_graphs,
+                                  self.workers)
         self.limits = limits or EngineLimits()
         self.scheduler = Scheduler(self.limits, model.logits_shift, self.allocator, config.prefix_caching)
         self.sequence_class = (UniformSequence if model.noise == "uniform" else
@@ -108,6 +117,8 @@ class LLMEngine:
         fit in ``max_tokens``. ``draws`` replays a recorded run's random draws instead of drawing
         (samplers/random.py ``ReplayRandom``: ``dlm parity`` checks a sampled reference run with it).
         """
+        if self.failure is not None:
+            raise self.failure
         if self.is_full:
             self.stats.record_rejected()
             raise QueueFullError(f"The engine's queue is full ({self.limits.max_waiting} requests waiting). "
@@ -135,6 +146,13 @@ class LLMEngine:
         self.stats.record_finish("abort")
         self.scheduler.remove_finished()
         return chunk
+
+    @property
+    def failure(self) -> ParallelWorkerError | None:
+        """Why this engine can run no more (a tensor-parallel worker died); None while it can."""
+        if self.workers is None or self.workers.healthy:
+            return None
+        return self.workers.failure()
 
     @property
     def has_unfinished(self) -> bool:
@@ -168,6 +186,12 @@ class LLMEngine:
         batch = self.scheduler.schedule()
         if batch:
             self._run_isolated(batch)
+        if self.failure is not None:          # nothing can run again: every request still here fails now
+            lost = [s for s in (*self.scheduler.running, *self.scheduler.waiting) if s not in batch]
+            for seq in (*batch, *lost):
+                if not seq.is_finished:
+                    seq.fail(self.failure)
+            chunks += [seq.take_chunk(now()) for seq in lost]
         for seq in batch:
             chunk = seq.take_chunk(now())
             if chunk.delta_token_ids or chunk.delta_text or chunk.finished:
@@ -190,6 +214,8 @@ class LLMEngine:
         try:
             self.runner.step(batch)
             return
+        except ParallelWorkerError:
+            return                                # step() fails every request of a failed engine
         except Exception as exc:  # noqa: BLE001 - any failure must stay inside its request
             if len(batch) == 1:
                 batch[0].fail(exc)

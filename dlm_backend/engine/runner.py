@@ -6,8 +6,8 @@ import torch
 
 from dlm_backend.engine.graphs import BlockGraphs
 from dlm_backend.engine.kv import KVPool
-from dlm_backend.engine.layers import DecoderRows, ForwardContext, PackedAttention, Segment, forward_context
-from dlm_backend.engine.layers.paged_attention import PagedBatch
+from dlm_backend.engine.forward_batch import ForwardBatch
+from dlm_backend.engine.layers import ForwardContext, forward_context
 from dlm_backend.engine.models.base import DiffusionLM
 from dlm_backend.engine.samplers.base import StepInput, TokenInfo
 from dlm_backend.engine.samplers.random import TorchRandom
@@ -26,14 +26,17 @@ class ModelRunner:
     requests take their (token, confidence) from the fused unmasking kernel instead of [N, V] logits.
     """
 
-    def __init__(self, model: DiffusionLM, device: torch.device, dtype: torch.dtype, tokens: TokenInfo,
-                 pool: KVPool | None, triton: bool = False, cuda_graphs: bool = False):
+    def __init__(self, model: DiffusionLM, device: torch.device, dtype: torch.dtype, tokens: TokenInfo | None,
+                 pool: KVPool | None, triton: bool = False, cuda_graphs: bool = False, workers=None):
         self.model, self.device, self.dtype, self.tokens = model, device, dtype, tokens
         self.pool = pool
         self.triton = triton            # kernel dispatch, decided once (kernels.resolve_kernels)
+        self.workers = workers          # rank 0 of a tensor-parallel engine: its worker processes
         self.graphs: BlockGraphs | None = None
         # The static step feeds ids and positions alone: a decoder pass's self-conditioning is not captured.
-        if device.type == "cuda" and cuda_graphs and triton and pool is not None and model.noise == "mask":
+        # A tensor-parallel forward's collectives are not captured either (rank 0 alone would replay).
+        if (device.type == "cuda" and cuda_graphs and triton and pool is not None and model.noise == "mask"
+                and model.tp is None):
             self.graphs = BlockGraphs(model, pool, device, capture=True)
 
     @property
@@ -52,7 +55,10 @@ class ModelRunner:
         return seq.random
 
     def close(self) -> None:
-        """Drop the weights, the KV pool and captured graphs (the memory returns to torch's allocator)."""
+        """Drop the weights, the KV pool and captured graphs (the memory returns to torch's allocator);
+        a tensor-parallel engine's workers stop."""
+        if self.workers is not None:
+            self.workers.close()
         self.graphs = self.pool = self.model = None
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
@@ -65,45 +71,45 @@ class ModelRunner:
 
     # -- the forward ---------------------------------------------------------------------------------
 
-    def _forward(self, seqs: list[Sequence], steps: list[Pass], shift: int):
-        """Pack the passes (paged first) into one token batch and run the model; returns the hidden
-        states and, per sequence, the rows holding its candidates' predictions."""
-        order = sorted(range(len(seqs)), key=lambda i: not steps[i].paged)
-        ids: list[int] = []
-        positions: list[int] = []
-        rows: dict[int, list[int]] = {}
-        cu, starts, lens, pages, blocks, plain = [0], [], [], [], [], []
-        decoder_rows, conditioning = [], []
-        for i in order:
-            seq, step = seqs[i], steps[i]
-            row0, n = len(ids), step.end - step.start
-            ids += seq.canvas[step.start:step.end]
-            positions += range(step.start, step.end)
-            rows[i] = [row0 + max(p - shift - step.start, 0) for p in step.candidates]
-            if step.decoder:
-                decoder_rows += range(row0, row0 + n)
-                conditioning.append(step.conditioning if step.conditioning is not None else
-                                    torch.zeros(n, self.model.args.hidden_size, dtype=self.dtype, device=self.device))
-            if step.paged:
-                cu.append(cu[-1] + n)
-                starts.append(step.start)
-                lens.append(step.kv_end)
-                pages.append(seq.pages)
-                blocks.append(step.block_size or 0)
-            else:
-                plain.append(Segment(slice(row0, row0 + n), step.start, step.block_size))
-            if step.cfg:            # unconditional copy: the prompt masked out (LLaDA's classifier-free guidance)
-                row1 = len(ids)
-                plain.append(Segment(slice(row1, row1 + n), step.start, step.block_size))
-                ids += [self.tokens.mask_id] * seq.prompt_len + seq.canvas[seq.prompt_len:step.end]
-                positions += range(step.start, step.end)
-                rows[i] += [row1 + max(p - shift - step.start, 0) for p in step.candidates]
-        backend = PagedBatch(self.pool, PackedAttention(plain), cu, starts, lens, pages, blocks, self.device)
-        input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
-        pos = torch.tensor(positions, dtype=torch.long, device=self.device)
-        decoder = DecoderRows(self._index(decoder_rows), torch.cat(conditioning)) if decoder_rows else None
+    def execute(self, batch: ForwardBatch):
+        """Run one packed forward and its head on this rank: ``(logits [N, V] or None, UnmaskStats or
+        None)`` for ``batch``'s head rows. Rank 0 of a tensor-parallel engine first sends the batch to
+        the workers, which run this same method on it (parallel/workers.py)."""
+        if self.workers is None:
+            return self._execute(batch)
+        self.workers.send(batch)
+        try:
+            return self._execute(batch)
+        except RuntimeError as exc:          # a collective whose peer is gone
+            raise self.workers.failure(exc) from exc
+
+    def _execute(self, batch: ForwardBatch):
+        return self._head(self.forward(batch), batch.logit_rows, batch.stat_rows, batch.exclude_id)
+
+    def pack(self, seqs: list[Sequence], steps: list[Pass], shift: int) -> tuple[ForwardBatch, list[list[int]]]:
+        """One forward of the passes (paged ones first, as PagedBatch reads them) and, per sequence,
+        the rows holding its candidates' predictions."""
+        batch = ForwardBatch(exclude_id=self.tokens.mask_id)
+        packed = {i: batch.add(seqs[i], steps[i], shift, self.tokens.mask_id)
+                  for i in sorted(range(len(seqs)), key=lambda i: not steps[i].paged)}
+        return batch, [packed[i] for i in range(len(seqs))]
+
+    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        """The model over ``batch``'s rows: hidden states [T, D] (no head)."""
+        ids, pos, backend, decoder = batch.tensors(self.pool, self.device, self.model.args.hidden_size, self.dtype)
         with forward_context(ForwardContext(backend, self.triton, decoder)):
-            return self.model(input_ids, pos), [rows[i] for i in range(len(seqs))]          # [T, D]
+            return self.model(ids, pos)
+
+    def _head(self, hidden: torch.Tensor, logit_rows: list[int], stat_rows: list[int], exclude_id: int):
+        """The final norm and head on just the rows a sampler reads."""
+        logits = stats = None
+        with forward_context(ForwardContext(None, self.triton)):
+            if logit_rows:
+                h = hidden if logit_rows == list(range(hidden.shape[0])) else hidden[self._index(logit_rows)]
+                logits = self.model.compute_logits(h)                                      # [N, V]
+            if stat_rows:
+                stats = self.model.compute_unmask_stats(hidden[self._index(stat_rows)], exclude_id)
+        return logits, stats
 
     def _index(self, rows: list[int]) -> torch.Tensor:
         return torch.tensor(rows, dtype=torch.long, device=self.device)
@@ -113,56 +119,36 @@ class ModelRunner:
     @torch.inference_mode()
     def step(self, seqs: list[Sequence]) -> None:
         """One forward for every sequence in ``seqs``: each commits at least one token, or caches keys."""
-        shift = self.logits_shift
+        shift, mask_id = self.logits_shift, self.tokens.mask_id
         for seq in seqs:
             self._random_for(seq)
         steps = [seq.plan(shift) for seq in seqs]
-        static = self.graphs.split(seqs, steps) if self.graphs is not None else []
-        if static:
-            hidden_s, rows_s = self.graphs.forward([seqs[i] for i in static], [steps[i] for i in static], shift)
-        rest = [i for i in range(len(seqs)) if i not in set(static)]
-        if rest:
-            hidden_r, rows_r = self._forward([seqs[i] for i in rest], [steps[i] for i in rest], shift)
-        # One [N, D] tensor of every candidate row, each sequence's rows re-pointed into it.
-        parts, plans, n = [], [None] * len(seqs), 0
-        for group, hidden, group_rows in ((static, hidden_s if static else None, rows_s if static else None),
-                                          (rest, hidden_r if rest else None, rows_r if rest else None)):
-            if not group:
-                continue
-            flat = [r for rr in group_rows for r in rr]
-            parts.append(hidden[self._index(flat)])
-            for i, rr in zip(group, group_rows):
-                plans[i] = list(range(n, n + len(rr)))
-                n += len(rr)
-        hidden = parts[0] if len(parts) == 1 else torch.cat(parts) if parts else None
         fused = [self._wants_stats(seq, st) for seq, st in zip(seqs, steps)]
-        logits = stats = None
-        logit_rows = [r for f, rr in zip(fused, plans) if not f for r in rr]
-        stat_rows = [r for f, rr in zip(fused, plans) if f for r in rr]
-        with forward_context(ForwardContext(None, self.triton)):       # the final norm and head
-            if logit_rows:
-                h = hidden if logit_rows == list(range(hidden.shape[0])) else hidden[self._index(logit_rows)]
-                logits = self.model.compute_logits(h)                                      # [N, V]
-            if stat_rows:
-                stats = self.model.compute_unmask_stats(hidden[self._index(stat_rows)], self.tokens.mask_id)
-        checked = [t for t in (logits, stats.prob if stats is not None else None) if t is not None]
+        static = self.graphs.split(seqs, steps) if self.graphs is not None else []
+        rest = [i for i in range(len(seqs)) if i not in set(static)]
+        outputs: list = [None] * len(seqs)       # per sequence: its logits [n (2n with cfg), V] or UnmaskStats
+        if static:
+            hidden, rows = self.graphs.forward([seqs[i] for i in static], [steps[i] for i in static], shift)
+            logit_rows, stat_rows = _head_rows(rows, [fused[i] for i in static])
+            _split(outputs, static, rows, fused, *self._head(hidden, logit_rows, stat_rows, mask_id))
+        if rest:
+            batch, rows = self.pack([seqs[i] for i in rest], [steps[i] for i in rest], shift)
+            batch.logit_rows, batch.stat_rows = _head_rows(rows, [fused[i] for i in rest])
+            _split(outputs, rest, rows, fused, *self.execute(batch))
+        checked = [o if isinstance(o, torch.Tensor) else o.prob for o in outputs if o is not None]
         if any(torch.isnan(t).any() for t in checked):
             # argmax over NaN picks an arbitrary token and the request would "succeed" with garbage.
             # Raising lets the engine retry the batch request by request, so only the culprit fails.
             raise EngineError("The model produced NaN logits. The weights or inputs overflow in "
                               f"{self.dtype}; try dtype='float32'.")
-        first = {False: 0, True: 0}
-        for seq, step, f in zip(seqs, steps, fused):
+        for seq, step, f, out in zip(seqs, steps, fused, outputs):
             n = len(step.candidates)
-            at = first[f]
-            first[f] += n * (2 if step.cfg else 1)
             if f:
-                part = type(stats)(*(t[at:at + n] for t in stats))
-                seq.apply(step, seq.sampler.step_from_stats(part, self._step_input(seq, step, None)))
+                seq.apply(step, seq.sampler.step_from_stats(out, self._step_input(seq, step, None)))
             elif step.kind == "cache":
-                seq.apply(step, ar_tokens=logits[at:at + n].argmax(-1).tolist() if n else None)
+                seq.apply(step, ar_tokens=out[:n].argmax(-1).tolist() if n else None)
             else:
-                seq.apply(step, self._decide(seq, step, logits[at:at + n], logits[at + n:at + 2 * n]))
+                seq.apply(step, self._decide(seq, step, out[:n], out[n:2 * n]))
 
     def _decide(self, seq: Sequence, step: Pass, seq_logits: torch.Tensor, uncond: torch.Tensor):
         if step.cfg:
@@ -181,3 +167,17 @@ class ModelRunner:
                          block_state=seq.block_state, params=seq.params, generator=random.generator,
                          tokens=self.tokens, current=[seq.canvas[p] for p in step.candidates],
                          masked=step.masked or [True] * len(step.candidates), random=random)
+
+
+def _head_rows(rows: list[list[int]], fused: list[bool]) -> tuple[list[int], list[int]]:
+    """The hidden rows that get logits and those that get fused greedy statistics, in sequence order."""
+    return ([r for f, rr in zip(fused, rows) if not f for r in rr], [r for f, rr in zip(fused, rows) if f for r in rr])
+
+
+def _split(outputs: list, group: list[int], rows: list[list[int]], fused: list[bool], logits, stats) -> None:
+    """Hand each sequence of ``group`` its slice of the head's output."""
+    at = {False: 0, True: 0}
+    for i, rr in zip(group, rows):
+        f, a, n = fused[i], at[fused[i]], len(rr)
+        at[f] += n
+        outputs[i] = type(stats)(*(t[a:a + n] for t in stats)) if f else logits[a:a + n] if n else None

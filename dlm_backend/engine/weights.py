@@ -13,8 +13,11 @@ from tqdm.auto import tqdm
 
 from dlm_backend.engine.loader import _from_config, safetensors_files
 from dlm_backend.engine.models.base import DiffusionLM
+from dlm_backend.engine.layers.routers import StackedExperts
 from dlm_backend.engine.models.registry import resolve_model_class
-from dlm_backend.errors import CheckpointError
+from dlm_backend.engine.parallel.group import TPGroup, building
+from dlm_backend.engine.parallel.layers import Sharded
+from dlm_backend.errors import CheckpointError, DLMError
 
 #: Tensors some exports carry that no implementation needs: rotary tables recomputed at load, and
 #: (for a tied model) a copy of the embedding saved as the head.
@@ -63,14 +66,24 @@ class _NoMetaInit(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-def load_model(folder: Path, config: dict, device: torch.device, dtype: torch.dtype) -> DiffusionLM:
-    """Build the registered implementation for ``config`` and fill it from the safetensors files."""
+def load_model(folder: Path, config: dict, device: torch.device, dtype: torch.dtype,
+               tp: TPGroup | None = None) -> DiffusionLM:
+    """Build the registered implementation for ``config`` and fill it from the safetensors files.
+
+    With a tensor-parallel group ``tp``, the model is built with this rank's shapes and each sharded
+    tensor is read as this rank's slice only (``get_slice``), after its full shape is checked."""
     cls = resolve_model_class(config)
+    if tp is not None and tp.world > 1 and not cls.tensor_parallel:
+        raise DLMError(f"{cls.__name__} does not split over devices yet: run it with tensor_parallel_size=1 "
+                       f"(asked: {tp.world}).")
     files = safetensors_files(folder)
     _check_layer_count(files, _from_config(cls.args_from_config, config).num_layers, folder)
-    with _NoMetaInit(), torch.device("meta"):
+    with _NoMetaInit(), torch.device("meta"), building(tp):
         model = _from_config(cls.from_config, config)
     expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    # Layers holding one rank's part of a tensor (none on one device), and the partitioned experts.
+    shards = {n: m for n, m in model.named_modules() if isinstance(m, Sharded) and m.tp is not None}
+    experts = {n: m for n, m in model.named_modules() if isinstance(m, StackedExperts) and m.tp is not None}
     state: dict[str, torch.Tensor] = {}
     stacked: dict[str, set[int]] = {}         # stacked parameter -> indices filled so far
     shape_errors: list[str] = []
@@ -88,7 +101,17 @@ def load_model(folder: Path, config: dict, device: torch.device, dtype: torch.dt
                     shape = tuple(f.get_slice(name).get_shape())
                     into = model.stacked_name(name) if name not in expected else None
                     if into is not None and into[0] in expected:
-                        _stack(state, stacked, expected, into, name, shape, f, dtype, target, shape_errors)
+                        into = _local_expert(experts, expected, into, name, shape, shape_errors)
+                        if into is not None:
+                            _stack(state, stacked, expected, into, name, shape, f, dtype, target, shape_errors)
+                        continue
+                    owner, _, param = name.rpartition(".")
+                    if name in expected and owner in shards:
+                        full = shards[owner].full_shape(param)
+                        if shape != full:
+                            shape_errors.append(f"{name}: expected {list(full)}, found {list(shape)}")
+                        else:
+                            state[name] = shards[owner].load_shard(param, f.get_slice(name)).to(dtype)
                         continue
                     if name not in expected:
                         unexpected.append(name)
@@ -119,6 +142,22 @@ def load_model(folder: Path, config: dict, device: torch.device, dtype: torch.dt
     model.load_state_dict(state, assign=True)
     model.setup(device)
     return model.eval().requires_grad_(False)
+
+
+def _local_expert(experts, expected, into, name, shape, shape_errors) -> tuple[str, int] | None:
+    """``into`` with the expert's index on this rank; None when another rank holds it (or it is out
+    of the checkpoint's range: an error recorded). Unchanged on one device."""
+    param, index = into
+    module = experts.get(param.rpartition(".")[0])
+    if module is None:
+        return into
+    total = module.mine.stop - module.mine.start
+    full = total * module.tp.world
+    if not 0 <= index < full:
+        shape_errors.append(f"{name}: expected {list(expected[param][1:])} at index < {full}, found {list(shape)}")
+        return None
+    local = module.local_index(index)
+    return None if local is None else (param, local)
 
 
 def _stack(state, stacked, expected, into, name, shape, reader, dtype, target, shape_errors) -> None:

@@ -16,7 +16,7 @@ import time
 import uuid
 
 from fastapi import FastAPI, Request
-from fastapi.responses import Response
+from fastapi.responses import JSONResponse, Response
 
 from dlm_backend import chat
 from dlm_backend.engine.config import check_dtype
@@ -73,6 +73,11 @@ def create_app(model: str | None = None, served_name: str | None = None, device:
 
     @app.get("/health")
     async def health():
+        # A load balancer (LiteLLM's router, Kubernetes) takes a replica whose engine failed out of rotation.
+        llm = served.loaded
+        failure = llm.engine.failure if llm is not None and not llm.closed else None
+        if failure is not None:
+            return JSONResponse(status_code=503, content={"status": "unhealthy", "detail": str(failure)})
         return {"status": "ok"}
 
     @app.get("/metrics")

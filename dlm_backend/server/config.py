@@ -31,6 +31,7 @@ class ServerConfig:
     limits: dict[str, int] | EngineLimits = field(default_factory=dict)
     kv_cache_memory: int | None = None      # bytes of KV pages (default: the engine's, see EngineConfig)
     prefix_caching: bool | None = None      # share identical prompt prefixes (default: on)
+    tensor_parallel_size: int | None = None  # devices the model splits over (default: one)
     #: Host header values accepted when no API key is set (DNS rebinding: a web page's script can
     #: reach a loopback server under its own host name); None checks nothing.
     allowed_hosts: list[str] | None = field(default_factory=lambda: list(LOOPBACK_NAMES))

@@ -10,7 +10,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from dlm_backend.errors import ContextLengthError, DLMError, EngineError, QueueFullError
+from dlm_backend.errors import ContextLengthError, DLMError, EngineError, ParallelWorkerError, QueueFullError
 from dlm_backend.server.model import Busy, Unavailable
 
 log = logging.getLogger("dlm_backend.server")
@@ -48,6 +48,10 @@ def install_handlers(app: FastAPI) -> None:
     @app.exception_handler(Unavailable)
     async def unavailable(_: Request, exc: Unavailable):
         return error_response(503, str(exc), headers={"Retry-After": "5"})
+
+    @app.exception_handler(ParallelWorkerError)
+    async def engine_failed(_: Request, exc: ParallelWorkerError):
+        return error_response(503, str(exc))            # this replica is down: a router retries another
 
     @app.exception_handler(EngineError)
     async def engine_error(_: Request, exc: EngineError):

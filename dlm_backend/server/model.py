@@ -82,7 +82,8 @@ class ServedModel:
                     try:
                         llm = LLM(self.cfg.model, device=self.cfg.device, dtype=self.cfg.dtype,
                                   kv_cache_memory=self.cfg.kv_cache_memory,
-                                  prefix_caching=self.cfg.prefix_caching, **self.cfg.limits)
+                                  prefix_caching=self.cfg.prefix_caching,
+                                  tensor_parallel_size=self.cfg.tensor_parallel_size, **self.cfg.limits)
                         if llm.engine.tokenizer is not None:     # the prompt-length bound, before requests
                             longest_token(llm.engine.tokenizer)
                         self._llm = llm

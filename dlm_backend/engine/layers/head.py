@@ -20,10 +20,15 @@ class UnmaskStats(NamedTuple):
 def greedy_confidence(hidden: torch.Tensor, weight: torch.Tensor, exclude_id: int = -1) -> UnmaskStats:
     """Torch reference of the fused unmasking kernel: fp32 logits, softmax over every token,
     ``exclude_id`` (the mask id) never chosen, the first index on ties."""
-    logits = F.linear(hidden, weight).float()                     # [N, V]
+    return greedy_from_logits(F.linear(hidden, weight), exclude_id)
+
+
+def greedy_from_logits(logits: torch.Tensor, exclude_id: int = -1) -> UnmaskStats:
+    """:func:`greedy_confidence` from the logits ``[N, V]`` themselves."""
+    logits = logits.float()
     probs = torch.softmax(logits, dim=-1)
-    if 0 <= exclude_id < logits.shape[1]:
-        logits[:, exclude_id] = -torch.inf
+    if 0 <= exclude_id < logits.shape[1]:          # out of place: the caller's logits stay as they are
+        logits = logits.index_fill(1, torch.tensor([exclude_id], device=logits.device), -torch.inf)
     token = logits.argmax(-1)
     return UnmaskStats(token, probs.gather(1, token[:, None])[:, 0])
 

@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dlm_backend.engine.layers.attention import triton_enabled
+from dlm_backend.engine.parallel.layers import ColumnLinear, RowLinear
 
 
 def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
@@ -26,14 +27,17 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:  # [T, I] each
 class GatedMLP(nn.Module):
     """The gated MLP of the Llama-style families, with their checkpoint names: ``gate_proj`` and
     ``up_proj`` [width, hidden], ``down_proj`` [hidden, width], no biases. ``activation`` "silu" is
-    SwiGLU (fused on the kernel path); Gemma's is "gelu_tanh" (``gelu_pytorch_tanh``)."""
+    SwiGLU (fused on the kernel path); Gemma's is "gelu_tanh" (``gelu_pytorch_tanh``). Under tensor
+    parallelism gate/up split by columns and down by rows; ``reduce=False`` leaves the all-reduce of
+    the output to the caller (an MoE block's shared expert, summed with the routed experts first)."""
 
-    def __init__(self, hidden: int, width: int, activation: str = "silu"):
+    def __init__(self, hidden: int, width: int, activation: str = "silu", reduce: bool = True):
         super().__init__()
         self.activation = activation
-        self.gate_proj = nn.Linear(hidden, width, bias=False)
-        self.up_proj = nn.Linear(hidden, width, bias=False)
-        self.down_proj = nn.Linear(width, hidden, bias=False)
+        what = "the MLP width"
+        self.gate_proj = ColumnLinear(hidden, width, bias=False, what=what)
+        self.up_proj = ColumnLinear(hidden, width, bias=False, what=what)
+        self.down_proj = RowLinear(width, hidden, bias=False, what=what, reduce=reduce)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:           # [T, hidden]
         if self.activation == "silu":

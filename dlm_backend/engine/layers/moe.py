@@ -24,15 +24,18 @@ def routed_experts(x: torch.Tensor, topk_idx: torch.Tensor, topk_weight: torch.T
     """``sum_k w[t,k] * down_e(act(gate_e(x_t)) * up_e(x_t))`` with ``e = topk_idx[t,k]``.
 
     x: [T, D]; topk_idx: [T, k] int64; topk_weight: [T, k] float32; gate, up: [E, I, D]; down: [E, D, I].
+    An id equal to E marks an assignment to an expert another rank holds (tensor parallelism): skipped.
     Each expert runs on its own tokens in x's dtype; the combine accumulates in float32 and casts back
     (LLaDA2's and Qwen3-MoE's order). This is the fused MoE kernel's torch reference.
     """
     act = ACTIVATIONS[activation]
+    E = gate.shape[0]
     out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)             # [T, D]
     k = topk_idx.shape[1]
     order = topk_idx.reshape(-1).argsort(stable=True)                           # assignments grouped by expert
     expert_of = topk_idx.reshape(-1)[order]
-    counts = torch.bincount(expert_of, minlength=gate.shape[0]).tolist()        # one host sync a layer
+    # ids == E (another rank's experts, sorted last) are not counted, so never computed here
+    counts = torch.bincount(expert_of, minlength=E).tolist()[:E]                # one host sync a layer
     token_of, weight_of = order // k, topk_weight.reshape(-1)[order]
     start = 0
     for e, n in enumerate(counts):
@@ -47,11 +50,17 @@ def routed_experts(x: torch.Tensor, topk_idx: torch.Tensor, topk_weight: torch.T
 
 
 def experts(x: torch.Tensor, topk_idx: torch.Tensor, topk_weight: torch.Tensor, gate: torch.Tensor,
-            up: torch.Tensor, down: torch.Tensor, activation: str = "silu") -> torch.Tensor:
+            up: torch.Tensor, down: torch.Tensor, activation: str = "silu", foreign: bool = False) -> torch.Tensor:
     """:func:`routed_experts` (same arguments and result): the fused Triton kernel on the kernel
-    path, the torch reference otherwise. Model code calls this."""
+    path, the torch reference otherwise. ``foreign``: ``topk_idx`` may hold E (another rank's expert,
+    ``StackedExperts.forward`` under tensor parallelism)."""
     if triton_enabled():
         from dlm_backend.engine.kernels.moe import fused_moe
 
+        if foreign:
+            # The kernel reads every id; another rank's assignments go to expert 0 with weight 0 (an
+            # exact zero in the fp32 combine). Wasted rows: an expert map in the kernel would skip them.
+            outside = topk_idx == gate.shape[0]
+            topk_idx, topk_weight = topk_idx.masked_fill(outside, 0), topk_weight.masked_fill(outside, 0)
         return fused_moe(x, topk_idx, topk_weight, gate, up, down, activation)
     return routed_experts(x, topk_idx, topk_weight, gate, up, down, activation)

@@ -21,6 +21,9 @@ import re
 import torch
 from torch import nn
 
+from dlm_backend.engine.layers.moe import experts
+from dlm_backend.engine.parallel.group import build_group
+
 _EXPERT_TENSOR = re.compile(r"^(.+\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
 
 
@@ -33,13 +36,35 @@ def stacked_expert_name(name: str) -> tuple[str, int] | None:
 
 class StackedExperts(nn.Module):
     """E SwiGLU experts of width I: ``gate_proj``, ``up_proj`` [E, I, D] and ``down_proj`` [E, D, I],
-    the layout :func:`~dlm_backend.engine.layers.moe.routed_experts` (and its fused kernel) reads."""
+    the layout :func:`~dlm_backend.engine.layers.moe.routed_experts` (and its fused kernel) reads.
+
+    Under tensor parallelism the experts are partitioned (EP = TP, as dInfer): a rank holds experts
+    ``[r E / world, (r + 1) E / world)`` whole, computes only the assignments routed to them, and the
+    block's one all-reduce combines the ranks' partial sums."""
 
     def __init__(self, num_experts: int, hidden: int, width: int):
         super().__init__()
-        self.gate_proj = nn.Parameter(torch.empty(num_experts, width, hidden))
-        self.up_proj = nn.Parameter(torch.empty(num_experts, width, hidden))
-        self.down_proj = nn.Parameter(torch.empty(num_experts, hidden, width))
+        self.tp = build_group()
+        self.mine = self.tp.split(num_experts, "the experts") if self.tp else slice(0, num_experts)
+        n = self.mine.stop - self.mine.start
+        self.gate_proj = nn.Parameter(torch.empty(n, width, hidden))
+        self.up_proj = nn.Parameter(torch.empty(n, width, hidden))
+        self.down_proj = nn.Parameter(torch.empty(n, hidden, width))
+
+    def local_index(self, expert: int) -> int | None:
+        """Where checkpoint expert ``expert`` sits here (None: another rank holds it)."""
+        return expert - self.mine.start if self.mine.start <= expert < self.mine.stop else None
+
+    def forward(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weight: torch.Tensor,
+                activation: str = "silu") -> torch.Tensor:
+        """The routed experts' weighted sum for ``x [T, D]`` (this rank's share of it under TP)."""
+        if self.tp is None:
+            return experts(x, topk_idx, topk_weight, self.gate_proj, self.up_proj, self.down_proj, activation)
+        n = self.mine.stop - self.mine.start
+        local = topk_idx - self.mine.start
+        local = local.masked_fill((local < 0) | (local >= n), n)          # n: another rank's expert
+        return experts(x, local, topk_weight, self.gate_proj, self.up_proj, self.down_proj, activation,
+                       foreign=True)
 
 
 def grouped_sigmoid_topk(logits: torch.Tensor, expert_bias: torch.Tensor, top_k: int, n_group: int,

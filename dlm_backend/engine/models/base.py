@@ -11,7 +11,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from dlm_backend.engine.layers import RMSNorm, RotaryTable
-from dlm_backend.engine.layers.head import UnmaskStats, unmask_stats
+from dlm_backend.engine.layers.head import UnmaskStats, greedy_from_logits, unmask_stats
+from dlm_backend.engine.parallel.group import build_group
 
 
 @dataclass(frozen=True)
@@ -69,11 +70,24 @@ class DiffusionLM(nn.Module, metaclass=ABCMeta):
     noise: ClassVar[str] = "mask"
     #: checkpoint tensors the family does not use (DiffusionGemma's vision tower: text only)
     ignored_prefixes: ClassVar[tuple[str, ...]] = ()
+    #: whether the family is built from the parallel layers (engine/parallel), so it can split over ranks
+    tensor_parallel: ClassVar[bool] = True
 
     def __init__(self, args: ModelArgs):
         super().__init__()
         self.args = args
         self.rotary: RotaryTable | None = None
+        self.tp = build_group()                 # None: one device
+        if self.tp is not None:                 # the heads first: the error a user can act on
+            self.tp.kv_heads(args.num_kv_heads, args.num_heads)
+
+    @property
+    def kv_shapes(self) -> tuple[tuple[int, int], ...]:
+        """Each layer's (Hkv, head_dim) as this rank's KV pool holds it (its share of the heads)."""
+        if self.tp is None:
+            return self.args.kv_shapes
+        kv = self.tp.kv_heads(self.args.num_kv_heads, self.args.num_heads)
+        return tuple((kv.stop - kv.start, d) for _, d in self.args.kv_shapes)
 
     @classmethod
     def family_defaults(cls, generation_config: dict) -> dict:
@@ -98,10 +112,20 @@ class DiffusionLM(nn.Module, metaclass=ABCMeta):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         norm, weight = self.head()
-        return F.linear(norm(hidden), weight)                  # [N, V]
+        return self.gather_vocab(F.linear(norm(hidden), weight))         # [N, V]
+
+    def gather_vocab(self, logits: torch.Tensor) -> torch.Tensor:
+        """This rank's logits ``[N, V / world]`` of a vocabulary-parallel head -> every rank's ``[N, V]``
+        (one all-gather of the sampler's rows only); unchanged on one device."""
+        if self.tp is None:
+            return logits
+        return self.tp.gather_last(logits)[:, :self.args.vocab_size]
 
     def compute_unmask_stats(self, hidden: torch.Tensor, exclude_id: int = -1) -> UnmaskStats:
         """Greedy token and its fp32 softmax probability per row of ``hidden [N, D]``; the kernel
-        path never builds the [N, V] logits. ``exclude_id`` (the mask id) is never chosen."""
+        path never builds the [N, V] logits. ``exclude_id`` (the mask id) is never chosen. Under
+        tensor parallelism the head's rows are spread over the ranks: the gathered logits decide."""
         norm, weight = self.head()
+        if self.tp is not None:
+            return greedy_from_logits(self.compute_logits(hidden), exclude_id)
         return unmask_stats(norm(hidden), weight, exclude_id)

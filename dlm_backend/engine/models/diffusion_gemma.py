@@ -192,6 +192,9 @@ class DiffusionGemmaForBlockDiffusion(DiffusionLM):
     GENERATION_FIELDS: ClassVar[tuple[str, ...]] = ("t_min", "t_max", "stability_threshold", "confidence_threshold",
                                                     "max_denoising_steps")
     ignored_prefixes = ("model.encoder.vision_tower.", "model.encoder.embed_vision.")
+    # Its full-attention layers have 2 key/value heads of 512 and its experts their own router: not yet
+    # built from the parallel layers (vLLM's plan for it is expert parallelism, attention unsplit).
+    tensor_parallel = False
 
     def __init__(self, args: ModelArgs, g: GemmaArgs):
         super().__init__(args)

@@ -13,18 +13,19 @@ from torch import nn
 from dlm_backend.engine.layers import RMSNorm, attention, rotate_qk
 from dlm_backend.engine.layers.mlp import GatedMLP
 from dlm_backend.engine.models.base import DiffusionLM, ModelArgs
+from dlm_backend.engine.parallel.layers import ColumnLinear, RowLinear, VocabEmbedding, VocabLinear, kv_linear
 from dlm_backend.engine.models.config import MAX_HEADS, MAX_LAYERS, MAX_POSITIONS, MAX_VOCAB, ConfigReader
 
 
 class DreamAttention(nn.Module):
     def __init__(self, args: ModelArgs, layer: int):
         super().__init__()
-        d, kv = args.hidden_size, args.num_kv_heads * args.head_dim
-        self.layer, self.head_dim = layer, args.head_dim
-        self.q_proj = nn.Linear(d, d, bias=True)
-        self.k_proj = nn.Linear(d, kv, bias=True)
-        self.v_proj = nn.Linear(d, kv, bias=True)
-        self.o_proj = nn.Linear(d, d, bias=False)
+        d, heads, kv, hd = args.hidden_size, args.num_heads, args.num_kv_heads, args.head_dim
+        self.layer, self.head_dim = layer, hd
+        self.q_proj = ColumnLinear(d, d, bias=True, what="the attention heads' width")
+        self.k_proj = kv_linear(d, kv, heads, hd, bias=True)
+        self.v_proj = kv_linear(d, kv, heads, hd, bias=True)
+        self.o_proj = RowLinear(d, d, bias=False, what="the attention heads' width")
 
     def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """Rotated q [T, H, hd], k and v [T, Hkv, hd]: every product and elementwise op before the
@@ -60,7 +61,7 @@ class DreamLayer(nn.Module):
 class DreamBase(nn.Module):
     def __init__(self, args: ModelArgs):
         super().__init__()
-        self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
+        self.embed_tokens = VocabEmbedding(args.vocab_size, args.hidden_size)
         self.layers = nn.ModuleList(DreamLayer(args, i) for i in range(args.num_layers))
         self.norm = RMSNorm(args.hidden_size, args.norm_eps)
 
@@ -72,7 +73,7 @@ class DreamModel(DiffusionLM):
         super().__init__(args)
         self.model = DreamBase(args)
         if not args.tie_word_embeddings:
-            self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
+            self.lm_head = VocabLinear(args.hidden_size, args.vocab_size)
 
     @classmethod
     def args_from_config(cls, c: dict) -> ModelArgs:

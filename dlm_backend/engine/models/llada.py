@@ -11,23 +11,26 @@ from torch import nn
 
 from dlm_backend.engine.layers import RMSNorm, attention, rotate_qk, swiglu
 from dlm_backend.engine.models.base import DiffusionLM, ModelArgs
+from dlm_backend.engine.parallel.layers import ColumnLinear, RowLinear, VocabEmbedding, VocabLinear, kv_linear
 from dlm_backend.engine.models.config import MAX_HEADS, MAX_LAYERS, MAX_POSITIONS, MAX_VOCAB, ConfigReader
 
 
 class LLaDABlock(nn.Module):
     def __init__(self, args: ModelArgs, layer: int, qkv_bias: bool):
         super().__init__()
-        d, kv = args.hidden_size, args.num_kv_heads * args.head_dim
+        d, heads, kv, hd = args.hidden_size, args.num_heads, args.num_kv_heads, args.head_dim
+        width = args.intermediate_size
         self.layer, self.args = layer, args
         self.attn_norm = RMSNorm(d, args.norm_eps)
         self.ff_norm = RMSNorm(d, args.norm_eps)
-        self.q_proj = nn.Linear(d, d, bias=qkv_bias)
-        self.k_proj = nn.Linear(d, kv, bias=qkv_bias)
-        self.v_proj = nn.Linear(d, kv, bias=qkv_bias)
-        self.attn_out = nn.Linear(d, d, bias=False)
-        self.ff_proj = nn.Linear(d, args.intermediate_size, bias=False)   # gate
-        self.up_proj = nn.Linear(d, args.intermediate_size, bias=False)
-        self.ff_out = nn.Linear(args.intermediate_size, d, bias=False)    # down
+        # Column-parallel q/k/v and gate/up, row-parallel out/down (one all-reduce each) under TP.
+        self.q_proj = ColumnLinear(d, d, bias=qkv_bias, what="the attention heads' width")
+        self.k_proj = kv_linear(d, kv, heads, hd, bias=qkv_bias)
+        self.v_proj = kv_linear(d, kv, heads, hd, bias=qkv_bias)
+        self.attn_out = RowLinear(d, d, bias=False, what="the attention heads' width")
+        self.ff_proj = ColumnLinear(d, width, bias=False, what="the MLP width")   # gate
+        self.up_proj = ColumnLinear(d, width, bias=False, what="the MLP width")
+        self.ff_out = RowLinear(width, d, bias=False, what="the MLP width")       # down
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None, cos: torch.Tensor,
                 sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -48,11 +51,11 @@ class LLaDABlock(nn.Module):
 class LLaDATransformer(nn.Module):
     def __init__(self, args: ModelArgs, qkv_bias: bool):
         super().__init__()
-        self.wte = nn.Embedding(args.vocab_size, args.hidden_size)
+        self.wte = VocabEmbedding(args.vocab_size, args.hidden_size)
         self.blocks = nn.ModuleList(LLaDABlock(args, i, qkv_bias) for i in range(args.num_layers))
         self.ln_f = RMSNorm(args.hidden_size, args.norm_eps)
         if not args.tie_word_embeddings:
-            self.ff_out = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
+            self.ff_out = VocabLinear(args.hidden_size, args.vocab_size)
 
 
 class _Holder(nn.Module):

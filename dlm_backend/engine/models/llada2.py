@@ -22,9 +22,9 @@ from torch import nn
 
 from dlm_backend.engine.layers import RMSNorm, attention, rotate_qk
 from dlm_backend.engine.layers.mlp import GatedMLP
-from dlm_backend.engine.layers.moe import experts as run_experts
 from dlm_backend.engine.layers.routers import StackedExperts, grouped_sigmoid_topk, stacked_expert_name
 from dlm_backend.engine.models.base import DiffusionLM, ModelArgs
+from dlm_backend.engine.parallel.layers import RowLinear, VocabEmbedding, VocabLinear, local_heads, qkv_linear
 from dlm_backend.engine.models.config import MAX_HEADS, MAX_LAYERS, MAX_POSITIONS, MAX_VOCAB, ConfigReader
 from dlm_backend.errors import CheckpointError
 
@@ -57,13 +57,16 @@ class LLaDA2MoeAttention(nn.Module):
     def __init__(self, args: ModelArgs, moe: LLaDA2MoeArgs, layer: int):
         super().__init__()
         self.layer, self.hd = layer, args.head_dim
-        self.heads = (args.num_heads, args.num_kv_heads, args.num_kv_heads)
-        self.query_key_value = nn.Linear(args.hidden_size, sum(self.heads) * self.hd, bias=moe.qkv_bias)
+        heads, kv = local_heads(args.num_heads, args.num_kv_heads)         # this rank's, under TP
+        self.heads = (heads, kv, kv)
+        self.query_key_value = qkv_linear(args.hidden_size, args.num_heads, args.num_kv_heads, self.hd,
+                                          bias=moe.qkv_bias)
         self.qk_norm = moe.use_qk_norm
         if self.qk_norm:
             self.query_layernorm = RMSNorm(self.hd, args.norm_eps)
             self.key_layernorm = RMSNorm(self.hd, args.norm_eps)
-        self.dense = nn.Linear(args.num_heads * self.hd, args.hidden_size, bias=moe.dense_bias)
+        self.dense = RowLinear(args.num_heads * self.hd, args.hidden_size, bias=moe.dense_bias,
+                               what="the attention heads' width")
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         T = x.shape[0]
@@ -104,17 +107,16 @@ class LLaDA2MoeSparseMoeBlock(nn.Module):
         super().__init__()
         self.gate = LLaDA2MoeGate(args, moe)
         self.experts = StackedExperts(moe.num_experts, args.hidden_size, moe.moe_intermediate_size)
-        self.shared_experts = (GatedMLP(args.hidden_size, moe.shared_intermediate_size)
+        # reduced with the routed experts, once
+        self.shared_experts = (GatedMLP(args.hidden_size, moe.shared_intermediate_size, reduce=False)
                                if moe.shared_intermediate_size else None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:               # x: [T, D]
         topk_idx, topk_weight, _ = self.gate(x)
-        e = self.experts
-        # The fused MoE kernel on the kernel path, the torch reference otherwise.
-        y = run_experts(x, topk_idx, topk_weight, e.gate_proj, e.up_proj, e.down_proj)
+        y = self.experts(x, topk_idx, topk_weight)          # this rank's experts under TP
         if self.shared_experts is not None:
             y = y + self.shared_experts(x)
-        return y
+        return y if self.experts.tp is None else self.experts.tp.all_reduce(y)
 
 
 class LLaDA2MoeDecoderLayer(nn.Module):
@@ -141,7 +143,7 @@ class LLaDA2MoeModel(nn.Module):
 
     def __init__(self, args: ModelArgs, moe: LLaDA2MoeArgs):
         super().__init__()
-        self.word_embeddings = nn.Embedding(args.vocab_size, args.hidden_size)
+        self.word_embeddings = VocabEmbedding(args.vocab_size, args.hidden_size)
         self.layers = nn.ModuleList(LLaDA2MoeDecoderLayer(args, moe, i) for i in range(args.num_layers))
         self.norm = RMSNorm(args.hidden_size, args.norm_eps)
 
@@ -158,7 +160,7 @@ class LLaDA2MoeModelLM(DiffusionLM):
         self.moe = moe
         self.model = LLaDA2MoeModel(args, moe)
         if not args.tie_word_embeddings:
-            self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
+            self.lm_head = VocabLinear(args.hidden_size, args.vocab_size)
 
     @classmethod
     def args_from_config(cls, c: dict) -> ModelArgs:

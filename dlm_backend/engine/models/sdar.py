@@ -16,9 +16,9 @@ from torch import nn
 
 from dlm_backend.engine.layers import RMSNorm, attention, rotate_qk
 from dlm_backend.engine.layers.mlp import GatedMLP
-from dlm_backend.engine.layers.moe import experts as run_experts
 from dlm_backend.engine.layers.routers import StackedExperts, softmax_topk, stacked_expert_name
 from dlm_backend.engine.models.base import DiffusionLM, ModelArgs
+from dlm_backend.engine.parallel.layers import ColumnLinear, RowLinear, VocabEmbedding, VocabLinear, kv_linear
 from dlm_backend.engine.models.config import MAX_HEADS, MAX_LAYERS, MAX_POSITIONS, MAX_VOCAB, ConfigReader
 from dlm_backend.errors import CheckpointError
 
@@ -47,12 +47,12 @@ class SDARAttention(nn.Module):
 
     def __init__(self, args: ModelArgs, layer: int, bias: bool):
         super().__init__()
-        d, hd = args.hidden_size, args.head_dim
+        d, hd, heads, kv = args.hidden_size, args.head_dim, args.num_heads, args.num_kv_heads
         self.layer, self.hd = layer, hd
-        self.q_proj = nn.Linear(d, args.num_heads * hd, bias=bias)
-        self.k_proj = nn.Linear(d, args.num_kv_heads * hd, bias=bias)
-        self.v_proj = nn.Linear(d, args.num_kv_heads * hd, bias=bias)
-        self.o_proj = nn.Linear(args.num_heads * hd, d, bias=bias)
+        self.q_proj = ColumnLinear(d, heads * hd, bias=bias, what="the attention heads' width")
+        self.k_proj = kv_linear(d, kv, heads, hd, bias=bias)
+        self.v_proj = kv_linear(d, kv, heads, hd, bias=bias)
+        self.o_proj = RowLinear(heads * hd, d, bias=bias, what="the attention heads' width")
         self.q_norm = RMSNorm(hd, args.norm_eps)
         self.k_norm = RMSNorm(hd, args.norm_eps)
 
@@ -75,8 +75,8 @@ class SDARMoeSparseMoeBlock(nn.Module):
         self.gate = nn.Linear(args.hidden_size, moe.num_experts, bias=False)
         self.experts = StackedExperts(moe.num_experts, args.hidden_size, moe.moe_intermediate_size)
         self.shared_expert = self.shared_expert_gate = None
-        if moe.shared_expert_intermediate_size:
-            self.shared_expert = GatedMLP(args.hidden_size, moe.shared_expert_intermediate_size)
+        if moe.shared_expert_intermediate_size:       # reduced with the routed experts, once
+            self.shared_expert = GatedMLP(args.hidden_size, moe.shared_expert_intermediate_size, reduce=False)
             self.shared_expert_gate = nn.Linear(args.hidden_size, 1, bias=False)
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -86,12 +86,10 @@ class SDARMoeSparseMoeBlock(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:                # x: [T, D]
         topk_idx, topk_weight = self.route(x)
-        e = self.experts
-        # The fused MoE kernel on the kernel path, the torch reference otherwise.
-        y = run_experts(x, topk_idx, topk_weight, e.gate_proj, e.up_proj, e.down_proj)
+        y = self.experts(x, topk_idx, topk_weight)          # this rank's experts under TP
         if self.shared_expert is not None:
             y = y + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
-        return y
+        return y if self.experts.tp is None else self.experts.tp.all_reduce(y)
 
 
 class SDARDecoderLayer(nn.Module):
@@ -117,7 +115,7 @@ class SDARModel(nn.Module):
 
     def __init__(self, args: ModelArgs, bias: bool, moe: SDARMoeArgs | None):
         super().__init__()
-        self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
+        self.embed_tokens = VocabEmbedding(args.vocab_size, args.hidden_size)
         self.layers = nn.ModuleList(SDARDecoderLayer(args, i, bias, moe) for i in range(args.num_layers))
         self.norm = RMSNorm(args.hidden_size, args.norm_eps)
 
@@ -134,7 +132,7 @@ class SDARForCausalLM(DiffusionLM):
         super().__init__(args)
         self.model = SDARModel(args, attention_bias, moe)
         if not args.tie_word_embeddings:
-            self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
+            self.lm_head = VocabLinear(args.hidden_size, args.vocab_size)
 
     @classmethod
     def args_from_config(cls, c: dict) -> ModelArgs:
