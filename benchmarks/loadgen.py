@@ -3,11 +3,13 @@ hostile-request tests (they put ``benchmarks/`` on ``sys.path``; it is not part 
 
 ``launch`` starts ``dlm serve`` as a separate process on a free loopback port (the server's event
 loop and the clients must not share a GIL when measuring); ``chat_once`` sends one chat request,
-streaming or not, and returns the reply text, completion tokens and finish reason.
+streaming or not, and returns the reply text, completion tokens and finish reason;
+``faulty_clients`` sends the bad ones a server must survive beside them.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -102,3 +104,37 @@ async def chat_once(client: httpx.AsyncClient, content: str, stream: bool, **kno
     if not done:                    # a stream cut short is a lost request, whatever its status
         reply.status = 0
     return reply
+
+
+#: What ``faulty_clients`` expects back, per round: malformed JSON, an oversized body (against
+#: ``--max-body-bytes 65536``), a wrong API key, a stream dropped after its first chunk (0).
+FAULT_STATUSES = [400, 413, 401, 0]
+
+
+async def faulty_clients(client: httpx.AsyncClient, rounds: int = 4, **knobs) -> list[int]:
+    """Bad clients, ``rounds`` of each kind of FAULT_STATUSES; each returns the status it got (0 for a
+    stream it dropped on purpose, which the server must abort)."""
+    chat = "/v1/chat/completions"
+    json_headers = {"content-type": "application/json"}
+
+    async def malformed():
+        return (await client.post(chat, content=b'{"messages": [{"role": ', headers=json_headers)).status_code
+
+    async def oversized():
+        big = b'{"messages": [{"role": "user", "content": "' + b"x" * 100_000 + b'"}]}'
+        return (await client.post(chat, content=big, headers=json_headers)).status_code
+
+    async def wrong_key():
+        body = {"messages": [{"role": "user", "content": "hi"}]}
+        return (await client.post(chat, json=body, headers={"Authorization": "Bearer nope"})).status_code
+
+    async def dropped_stream():
+        body = {"messages": [{"role": "user", "content": "Who are you?"}], "stream": True, **knobs,
+                "sampler": "llada", "steps": 32}
+        async with client.stream("POST", chat, json=body) as r:
+            async for line in r.aiter_lines():
+                if line.startswith("data:"):
+                    break             # leave mid-stream: the server must abort the request
+        return 0
+
+    return await asyncio.gather(*(job() for job in [malformed, oversized, wrong_key, dropped_stream] * rounds))

@@ -20,7 +20,7 @@ httpx = pytest.importorskip("httpx")
 
 from dlm_backend.engine.loader import EMBEDDED_MODEL  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from loadgen import chat_once, launch  # noqa: E402  (benchmarks/loadgen.py)
+from loadgen import FAULT_STATUSES, chat_once, faulty_clients, launch  # noqa: E402  (benchmarks/loadgen.py)
 
 CLIENTS = 64
 PROMPTS = [
@@ -41,35 +41,6 @@ def server(dream_chat):
         yield url
 
 
-async def faults(client: httpx.AsyncClient) -> list[int]:
-    """Bad clients: each returns the status it got (0 for a stream it dropped on purpose)."""
-    chat = "/v1/chat/completions"
-    json_headers = {"content-type": "application/json"}
-
-    async def malformed():
-        return (await client.post(chat, content=b'{"messages": [{"role": ', headers=json_headers)).status_code
-
-    async def oversized():
-        big = b'{"messages": [{"role": "user", "content": "' + b"x" * 100_000 + b'"}]}'
-        return (await client.post(chat, content=big, headers=json_headers)).status_code
-
-    async def wrong_key():
-        body = {"messages": [{"role": "user", "content": "hi"}]}
-        return (await client.post(chat, json=body, headers={"Authorization": "Bearer nope"})).status_code
-
-    async def dropped_stream():
-        body = {"messages": [{"role": "user", "content": "Who are you?"}], "stream": True, **KNOBS,
-                "sampler": "llada", "steps": 32}
-        async with client.stream("POST", chat, json=body) as r:
-            async for line in r.aiter_lines():
-                if line.startswith("data:"):
-                    break             # leave mid-stream: the server must abort the request
-        return 0
-
-    jobs = [malformed, oversized, wrong_key, dropped_stream] * 4
-    return await asyncio.gather(*(job() for job in jobs))
-
-
 async def test_64_concurrent_clients_complete_and_match_their_solo_runs(server):
     limits = httpx.Limits(max_connections=CLIENTS + 24, max_keepalive_connections=CLIENTS + 24)
     async with httpx.AsyncClient(base_url=server, timeout=600, limits=limits,
@@ -81,8 +52,8 @@ async def test_64_concurrent_clients_complete_and_match_their_solo_runs(server):
             solo[prompt] = reply.text
         before = _counters((await client.get("/metrics")).text)
         jobs = [(PROMPTS[i % len(PROMPTS)], i % 2 == 1) for i in range(CLIENTS)]
-        replies, bad = await asyncio.gather(
-            asyncio.gather(*(chat_once(client, p, stream=s, **KNOBS) for p, s in jobs)), faults(client))
+        replies, bad = await asyncio.gather(asyncio.gather(*(chat_once(client, p, stream=s, **KNOBS) for p, s in jobs)),
+                                            faulty_clients(client, **KNOBS))
         # Dropped streams are aborted when their disconnect arrives; one whose client left right after
         # the role chunk may only now be submitted (and aborted), so wait for the queue too.
         for _ in range(100):
@@ -91,7 +62,7 @@ async def test_64_concurrent_clients_complete_and_match_their_solo_runs(server):
                 break
             await asyncio.sleep(0.05)
 
-    assert bad == [400, 413, 401, 0] * 4
+    assert bad == FAULT_STATUSES * 4
 
     assert [r.status for r in replies] == [200] * CLIENTS, "every request completes"
     assert all(r.finish_reason in ("stop", "length") for r in replies)

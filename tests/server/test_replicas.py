@@ -1,6 +1,7 @@
 """Replicas behind LiteLLM's router, with the deployment list and router settings of
-docs/replicas.yaml: two real ``dlm serve`` processes take a concurrent load, 0 requests lost and each
-output equal to its solo run; with one replica killed the retries carry every request to the other,
+docs/replicas.yaml: two real ``dlm serve`` processes take 64 concurrent clients through the router while
+faulty clients (malformed, oversized, unauthorised, dropped streams) hit each replica directly, 0
+requests lost and each output equal to its solo run; with one replica killed the retries carry every request to the other,
 and LiteLLM's health check names the dead one."""
 
 from __future__ import annotations
@@ -20,12 +21,13 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")      # offline: no
 from dlm_backend.engine.loader import EMBEDDED_MODEL  # noqa: E402
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from loadgen import chat_once, launch  # noqa: E402  (benchmarks/loadgen.py)
+from loadgen import FAULT_STATUSES, chat_once, faulty_clients, launch  # noqa: E402  (benchmarks/loadgen.py)
 
 KEY = "sk-replicas"
 PROMPTS = ["Hi!", "Who are you?", "What is 7 plus 5?", "Name 3 colors.", "Thanks!", "Hello", "Goodbye!",
            "What is your name?"]
-CLIENTS = 24
+CLIENTS = 64
+SERVE = ("--api-key", KEY, "--max-body-bytes", "65536")     # the faulty clients' oversized body is 100 kB
 KNOBS = {"max_tokens": 24, "temperature": 0}
 
 
@@ -42,7 +44,7 @@ def _router(urls: list[str]):
 @pytest.fixture(scope="module")
 def replicas(dream_chat):
     model = EMBEDDED_MODEL if (EMBEDDED_MODEL / "model.safetensors").exists() else dream_chat
-    with launch(str(model), "--api-key", KEY) as a, launch(str(model), "--api-key", KEY) as b:
+    with launch(str(model), *SERVE) as a, launch(str(model), *SERVE) as b:
         yield a, b
 
 
@@ -64,13 +66,19 @@ async def _load(router) -> list[tuple[str, str | None]]:
 async def test_the_router_spreads_a_load_over_two_replicas_and_loses_nothing(replicas):
     solo = await _solo(replicas[0])
     router = _router(list(replicas))
-    got = await _load(router)
+    got, bad = await asyncio.gather(_load(router), asyncio.gather(*(_faults(url) for url in replicas)))
+    assert bad == [FAULT_STATUSES] * 2
     assert [text is not None for _, text in got] == [True] * CLIENTS, "0 lost"
     assert [text for _, text in got] == [solo[p] for p, _ in got]
     async with httpx.AsyncClient(headers={"Authorization": f"Bearer {KEY}"}) as client:
         generated = [_counter((await client.get(url + "/metrics")).text, "dlm_generated_tokens_total")
                      for url in replicas]
     assert generated[1] > 0 and generated[0] > sum(len(t) for t in solo.values()) // 8, generated   # both served
+
+
+async def _faults(url: str) -> list[int]:
+    async with httpx.AsyncClient(base_url=url, timeout=600, headers={"Authorization": f"Bearer {KEY}"}) as client:
+        return await faulty_clients(client, rounds=1, **KNOBS)
 
 
 def _counter(metrics: str, name: str) -> float:
