@@ -62,9 +62,9 @@ def test_a_peer_lost_inside_a_collective_fails_the_step_instead_of_hanging():
 def test_a_size_the_model_cannot_split_by_is_a_clear_error_on_every_rank():
     with pytest.raises(DLMError, match=r"tensor_parallel_size=3 must divide the attention heads \(4\)"):
         LLM(str(LLADA), device="cpu", dtype="float32", tensor_parallel_size=3)
-    with pytest.raises(DLMError, match="DiffusionGemmaForBlockDiffusion does not split over devices yet"):
+    with pytest.raises(DLMError, match=r"tensor_parallel_size=3 must divide the attention heads \(4\)"):
         LLM(str(FIXTURES / "parity-block" / "diffusiongemma-tiny"), device="cpu", dtype="float32",
-            tensor_parallel_size=2)
+            tensor_parallel_size=3)
     with pytest.raises(DLMError, match="tensor_parallel_size must be an integer >= 1"):
         LLM(str(LLADA), device="cpu", dtype="float32", tensor_parallel_size=0)
     _llm(LLADA).close()                                 # the failed starts left nothing behind

@@ -83,11 +83,12 @@ class DiffusionLM(nn.Module, metaclass=ABCMeta):
 
     @property
     def kv_shapes(self) -> tuple[tuple[int, int], ...]:
-        """Each layer's (Hkv, head_dim) as this rank's KV pool holds it (its share of the heads)."""
+        """Each layer's (Hkv, head_dim) as this rank's KV pool holds it: its share of the layer's
+        heads (DiffusionGemma's sliding and full layers have different counts, split apart)."""
         if self.tp is None:
             return self.args.kv_shapes
-        kv = self.tp.kv_heads(self.args.num_kv_heads, self.args.num_heads)
-        return tuple((kv.stop - kv.start, d) for _, d in self.args.kv_shapes)
+        mine = [self.tp.kv_heads(kv, self.args.num_heads) for kv, _ in self.args.kv_shapes]
+        return tuple((h.stop - h.start, d) for h, (_, d) in zip(mine, self.args.kv_shapes))
 
     @classmethod
     def family_defaults(cls, generation_config: dict) -> dict:

@@ -40,6 +40,8 @@ from dlm_backend.engine.layers.rotary import apply_rotary
 from dlm_backend.engine.layers.routers import softmax_topk
 from dlm_backend.engine.models.base import DiffusionLM, ModelArgs
 from dlm_backend.engine.models.diffusion_gemma_config import GemmaArgs, read_config
+from dlm_backend.engine.parallel.group import build_group
+from dlm_backend.engine.parallel.layers import ColumnLinear, RowLinear, Sharded, kv_linear
 from dlm_backend.engine.params import checkpoint_values
 
 
@@ -73,10 +75,13 @@ class GemmaAttention(nn.Module):
         kv_heads, self.hd = args.kv_shapes[layer]
         self.layer, self.window = layer, g.sliding_window if g.sliding[layer] else None
         d, heads, bias = args.hidden_size, args.num_heads, g.attention_bias
-        self.q_proj = nn.Linear(d, heads * self.hd, bias=bias)
-        self.k_proj = nn.Linear(d, kv_heads * self.hd, bias=bias)
-        self.v_proj = nn.Linear(d, kv_heads * self.hd, bias=bias) if g.sliding[layer] else None
-        self.o_proj = nn.Linear(heads * self.hd, d, bias=bias)
+        # Under tensor parallelism: this rank's query heads and key/value heads (the full layers' few
+        # are replicated when the ranks outnumber them), o_proj's all-reduce.
+        what = "the attention heads' width"
+        self.q_proj = ColumnLinear(d, heads * self.hd, bias=bias, what=what)
+        self.k_proj = kv_linear(d, kv_heads, heads, self.hd, bias=bias)
+        self.v_proj = kv_linear(d, kv_heads, heads, self.hd, bias=bias) if g.sliding[layer] else None
+        self.o_proj = RowLinear(heads * self.hd, d, bias=bias, what=what)
         self.q_norm = GemmaRMSNorm(self.hd, args.norm_eps)
         self.k_norm = GemmaRMSNorm(self.hd, args.norm_eps)
         self.v_norm = GemmaRMSNorm(self.hd, args.norm_eps, scale=False)
@@ -108,18 +113,37 @@ class GemmaRouter(nn.Module):
         return idx, weight * self.per_expert_scale[idx], logits
 
 
-class GemmaExperts(nn.Module):
-    """E tanh-GELU experts: ``gate_up_proj [E, 2I, D]`` (gate rows first), ``down_proj [E, D, I]``."""
+class GemmaExperts(nn.Module, Sharded):
+    """E tanh-GELU experts: ``gate_up_proj [E, 2I, D]`` (gate rows first), ``down_proj [E, D, I]``.
+
+    Under tensor parallelism the experts are partitioned (EP = TP): a rank holds experts
+    ``[r E / world, (r + 1) E / world)`` whole, reads only their rows of both tensors, and returns
+    its partial sum, all-reduced before the block's post-norm."""
 
     def __init__(self, args: ModelArgs, g: GemmaArgs):
         super().__init__()
-        self.width = g.moe_intermediate_size
-        self.gate_up_proj = nn.Parameter(torch.empty(g.num_experts, 2 * self.width, args.hidden_size))
-        self.down_proj = nn.Parameter(torch.empty(g.num_experts, args.hidden_size, self.width))
+        self.tp = build_group()
+        self.width, self.full = g.moe_intermediate_size, g.num_experts
+        self.mine = self.tp.split(g.num_experts, "the experts") if self.tp else slice(0, g.num_experts)
+        n = self.mine.stop - self.mine.start
+        self.gate_up_proj = nn.Parameter(torch.empty(n, 2 * self.width, args.hidden_size))
+        self.down_proj = nn.Parameter(torch.empty(n, args.hidden_size, self.width))
+
+    def full_shape(self, param: str) -> tuple[int, ...]:
+        return (self.full, *getattr(self, param).shape[1:])
+
+    def load_shard(self, param: str, part) -> torch.Tensor:
+        return part[self.mine]
 
     def forward(self, x: torch.Tensor, idx: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj[:, :self.width], self.gate_up_proj[:, self.width:]      # views, no copy
-        return run_experts(x, idx, weight, gate, up, self.down_proj, "gelu_tanh")
+        if self.tp is None:
+            return run_experts(x, idx, weight, gate, up, self.down_proj, "gelu_tanh")
+        n = self.mine.stop - self.mine.start
+        local = idx - self.mine.start
+        local = local.masked_fill((local < 0) | (local >= n), n)          # n: another rank's expert
+        y = run_experts(x, local, weight, gate, up, self.down_proj, "gelu_tanh", foreign=True)
+        return self.tp.all_reduce(y)
 
 
 class GemmaLayer(nn.Module):
@@ -192,9 +216,6 @@ class DiffusionGemmaForBlockDiffusion(DiffusionLM):
     GENERATION_FIELDS: ClassVar[tuple[str, ...]] = ("t_min", "t_max", "stability_threshold", "confidence_threshold",
                                                     "max_denoising_steps")
     ignored_prefixes = ("model.encoder.vision_tower.", "model.encoder.embed_vision.")
-    # Its full-attention layers have 2 key/value heads of 512 and its experts their own router: not yet
-    # built from the parallel layers (vLLM's plan for it is expert parallelism, attention unsplit).
-    tensor_parallel = False
 
     def __init__(self, args: ModelArgs, g: GemmaArgs):
         super().__init__(args)
@@ -213,6 +234,12 @@ class DiffusionGemmaForBlockDiffusion(DiffusionLM):
     @classmethod
     def from_config(cls, c: dict) -> "DiffusionGemmaForBlockDiffusion":
         return cls(*read_config(c))
+
+    def gather_vocab(self, logits: torch.Tensor) -> torch.Tensor:
+        """Unchanged: the tied embedding (the head) stays whole on every rank, because the decoder's
+        self-conditioning input (softmax over the vocabulary times the embedding) is made on rank 0
+        from the sampler's logits, between forwards."""
+        return logits
 
     @classmethod
     def family_defaults(cls, generation_config: dict) -> dict:
