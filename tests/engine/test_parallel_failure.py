@@ -70,6 +70,16 @@ def test_a_size_the_model_cannot_split_by_is_a_clear_error_on_every_rank():
     _llm(LLADA).close()                                 # the failed starts left nothing behind
 
 
+def test_a_family_not_built_from_the_parallel_layers_is_refused_by_name(monkeypatch):
+    """A plugin family of plain layers (the default) would load whole on each rank with one rank's
+    KV heads: refused before any worker starts."""
+    from dlm_backend.engine.models.llada import LLaDAModelLM
+
+    monkeypatch.setattr(LLaDAModelLM, "tensor_parallel", False)
+    with pytest.raises(DLMError, match="LLaDAModelLM does not split over devices yet"):
+        LLM(str(LLADA), device="cpu", dtype="float32", tensor_parallel_size=2)
+
+
 def test_the_server_reports_unhealthy_and_answers_503_once_a_worker_is_gone():
     app = create_app(config=ServerConfig(model=str(SDAR), device="cpu", dtype="float32", tensor_parallel_size=2,
                                          allowed_hosts=None))

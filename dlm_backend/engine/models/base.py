@@ -70,8 +70,10 @@ class DiffusionLM(nn.Module, metaclass=ABCMeta):
     noise: ClassVar[str] = "mask"
     #: checkpoint tensors the family does not use (DiffusionGemma's vision tower: text only)
     ignored_prefixes: ClassVar[tuple[str, ...]] = ()
-    #: whether the family is built from the parallel layers (engine/parallel), so it can split over ranks
-    tensor_parallel: ClassVar[bool] = True
+    #: whether the family is built from the parallel layers (engine/parallel), so it can split over ranks.
+    #: False by default: a plugin family of plain nn.Linear layers would load whole on every rank while
+    #: its KV pool took one rank's heads, so it is refused under tensor parallelism until it says so.
+    tensor_parallel: ClassVar[bool] = False
 
     def __init__(self, args: ModelArgs):
         super().__init__()

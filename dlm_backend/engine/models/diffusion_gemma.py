@@ -207,6 +207,7 @@ class DiffusionGemmaForBlockDiffusion(DiffusionLM):
     """DiffusionGemma 26B-A4B (and checkpoints of its shape): canvases of uniform noise, denoised by
     the decoder over the encoder's cache (engine/uniform.py, samplers/diffusiongemma.py)."""
 
+    tensor_parallel = True                   # built from engine/parallel's layers
     noise = "uniform"
     # The reference generate()'s defaults (transformers DiffusionGemmaGenerationConfig), under the
     # checkpoint's generation_config.json (family_defaults).

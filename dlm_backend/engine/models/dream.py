@@ -67,6 +67,7 @@ class DreamBase(nn.Module):
 
 
 class DreamModel(DiffusionLM):
+    tensor_parallel = True                   # built from engine/parallel's layers
     logits_shift = 1
 
     def __init__(self, args: ModelArgs):

@@ -65,6 +65,7 @@ class _Holder(nn.Module):
 
 
 class LLaDAModelLM(DiffusionLM):
+    tensor_parallel = True                   # built from engine/parallel's layers
     logits_shift = 0
 
     def __init__(self, args: ModelArgs, qkv_bias: bool = False):

@@ -151,6 +151,7 @@ class LLaDA2MoeModel(nn.Module):
 class LLaDA2MoeModelLM(DiffusionLM):
     """LLaDA2.0 / 2.1 mini and flash (and -CAP): block-diffusion MoE, untied fp32-logit head."""
 
+    tensor_parallel = True                   # built from engine/parallel's layers
     logits_shift = 0
     # The LLaDA2.0 report's evaluation set-up (§6.1): greedy, blocks of 32, threshold 0.95.
     sampling_defaults = {"sampler": "llada2", "threshold": 0.95, "cache": "prefix"}

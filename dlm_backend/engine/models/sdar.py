@@ -123,6 +123,7 @@ class SDARModel(nn.Module):
 class SDARForCausalLM(DiffusionLM):
     """SDAR / TraDo dense checkpoints (Qwen3 layers), block-causal with config.json's block_size."""
 
+    tensor_parallel = True                   # built from engine/parallel's layers
     logits_shift = 0
     # SDAR's dynamic low-confidence rule at 0.9 (its README, JetEngine and LMDeploy examples).
     sampling_defaults = {"sampler": "sdar", "remasking": "low_confidence_dynamic", "threshold": 0.9,
