@@ -31,7 +31,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gpu_moe import drive  # noqa: E402
+from gpu_moe import ExpertCounter, drive, split_bytes  # noqa: E402
 from random_checkpoint import dgemma_config, random_model  # noqa: E402
 
 from dlm_backend.engine.config import EngineConfig  # noqa: E402
@@ -56,36 +56,11 @@ def tiny_config() -> dict:
                          window=8, top_k=2)
 
 
-class ExpertCounter:
-    """Unique routed experts per layer in each forward, from hooks on the routers (a host sync per layer)."""
-
-    def __init__(self, model):
-        self.routers = [m for m in model.modules() if isinstance(m, GemmaRouter)]
-        self.touched: list[int] = []
-        self.hooks = []
-
-    def __enter__(self) -> "ExpertCounter":
-        self.hooks = [r.register_forward_hook(lambda mod, inp, out: self.touched.append(int(out[0].unique().numel())))
-                      for r in self.routers]
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for h in self.hooks:
-            h.remove()
-
-    def take(self) -> int:
-        n, self.touched = sum(self.touched), []
-        return n
-
-
 def weight_bytes(model) -> tuple[int, int]:
     """(bytes a decoder step reads whatever the routing, bytes of one routed expert)."""
-    experts = [m for m in model.modules() if isinstance(m, GemmaExperts)]
-    routed = {id(p) for e in experts for p in e.parameters()}
-    always = sum(p.numel() * p.element_size() for p in model.parameters() if id(p) not in routed)
+    always, per_expert = split_bytes(model, [m for m in model.modules() if isinstance(m, GemmaExperts)])
     embed = model.model.decoder.embed_tokens.weight
     always += embed.numel() * embed.element_size()     # read twice: the head, and probs @ E for self-conditioning
-    per_expert = sum(p[0].numel() * p.element_size() for p in experts[0].parameters())
     return always, per_expert
 
 
@@ -111,7 +86,8 @@ def measure(model, device, batch, prompt_len, new_tokens, steps, hbm_tbps) -> di
     triton = resolve_kernels(EngineConfig(model="random", device=device).kernels, device)
     runner = ModelRunner(model, torch.device(device), dtype, TokenInfo(mask_id=-1, vocab_size=a.vocab_size), pool,
                          triton, cuda_graphs=False)
-    with ExpertCounter(model) as counter:                # which experts a step touches (also the warm-up)
+    routers = (m for m in model.modules() if isinstance(m, GemmaRouter))
+    with ExpertCounter(routers) as counter:                # which experts a step touches (also the warm-up)
         _, census = run(runner, alloc, model, batch, prompt_len, a.block_size, 2, counter)
     experts = statistics.median(e for kind, _, e in census if kind == "denoise")
     t0 = time.perf_counter()

@@ -52,17 +52,18 @@ def tiny_config() -> dict:
 
 
 class ExpertCounter:
-    """Unique routed experts per MoE layer in each forward, from hooks on the routers (a host sync
-    per layer: used on an eager runner only, never inside a captured graph)."""
+    """Unique routed experts per MoE layer in each forward, from hooks on ``routers`` (modules whose
+    output starts with ``topk_idx``; a host sync per layer: used on an eager runner only, never inside
+    a captured graph)."""
 
-    def __init__(self, model):
-        self.blocks = [m for m in model.modules() if isinstance(m, LLaDA2MoeSparseMoeBlock)]
+    def __init__(self, routers):
+        self.routers = list(routers)
         self.touched: list[int] = []
         self.hooks = []
 
     def __enter__(self) -> "ExpertCounter":
-        self.hooks = [b.gate.register_forward_hook(lambda mod, inp, out: self.touched.append(
-            int(out[0].unique().numel()))) for b in self.blocks]
+        self.hooks = [r.register_forward_hook(lambda mod, inp, out: self.touched.append(int(out[0].unique().numel())))
+                      for r in self.routers]
         return self
 
     def __exit__(self, *exc) -> None:
@@ -74,15 +75,22 @@ class ExpertCounter:
         return n
 
 
+def split_bytes(model, experts: list) -> tuple[int, int]:
+    """(bytes of every parameter outside the ``experts`` modules, bytes of one expert of them)."""
+    routed = {id(p) for e in experts for p in e.parameters()}
+    always = sum(p.numel() * p.element_size() for p in model.parameters() if id(p) not in routed)
+    return always, sum(p[0].numel() * p.element_size() for p in experts[0].parameters())
+
+
+def moe_blocks(model) -> list:
+    return [m for m in model.modules() if isinstance(m, LLaDA2MoeSparseMoeBlock)]
+
+
 def weight_bytes(model) -> tuple[int, int]:
     """(bytes read by every pass whatever the routing, bytes of one routed expert)."""
-    blocks = ExpertCounter(model).blocks
-    routed = {id(p) for b in blocks for p in b.experts.parameters()}
-    always = sum(p.numel() * p.element_size() for p in model.parameters() if id(p) not in routed)
+    always, per_expert = split_bytes(model, [b.experts for b in moe_blocks(model)])
     embed = model.model.word_embeddings.weight
     always -= embed.numel() * embed.element_size()          # a pass gathers a few rows, not the table
-    one = blocks[0].experts
-    per_expert = sum(p[0].numel() * p.element_size() for p in one.parameters())
     return always, per_expert
 
 
@@ -127,7 +135,7 @@ def measure(model, device, batch, prompt_len, new_tokens, block, hbm_tbps) -> di
     triton = resolve_kernels(config.kernels, device)
     tokens = TokenInfo(mask_id=a.mask_token_id)
     # Which experts a pass touches: two blocks on an eager runner with hooks on the routers.
-    with ExpertCounter(model) as counter:
+    with ExpertCounter(b.gate for b in moe_blocks(model)) as counter:
         eager = ModelRunner(model, torch.device(device), dtype, tokens, pool, triton, cuda_graphs=False)
         _, census = run(eager, alloc, model, batch, prompt_len, 2 * block, block, counter)
     experts = statistics.median(e for kind, _, e in census if kind == "denoise")

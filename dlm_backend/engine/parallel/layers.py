@@ -21,6 +21,8 @@ which the loader checks before slicing.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -28,16 +30,19 @@ from torch import nn
 from dlm_backend.engine.parallel.group import TPGroup, build_group
 
 
-class Sharded:
-    """A layer whose parameters hold one rank's part of the checkpoint's tensors."""
+class Sharded(ABC):
+    """A layer whose parameters hold one rank's part of the checkpoint's tensors (the loader checks
+    each tensor against :meth:`full_shape`, then stores :meth:`load_shard` of its slice)."""
 
     tp: TPGroup | None
 
+    @abstractmethod
     def full_shape(self, param: str) -> tuple[int, ...]:
-        raise NotImplementedError
+        """The checkpoint's shape of parameter ``param`` ("weight", "bias", ...), all ranks together."""
 
+    @abstractmethod
     def load_shard(self, param: str, part) -> torch.Tensor:
-        raise NotImplementedError
+        """This rank's piece of ``param`` from ``part``, a safetensors slice of the whole tensor."""
 
 
 class ColumnLinear(nn.Linear, Sharded):
