@@ -85,7 +85,8 @@ class TPGroup:
         return torch.cat(parts, dim=-1)
 
     def broadcast(self, obj=None):
-        """Rank 0's ``obj`` on every rank (pickled; a size then the bytes, two broadcasts)."""
+        """Rank 0's ``obj`` on every rank (pickled; a size then the bytes, two broadcasts: what
+        ``dist.broadcast_object_list`` does, written out so the payload is counted without pickling twice)."""
         if self.rank == 0:
             data = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
             size = torch.tensor([data.numel()], dtype=torch.long)
