@@ -95,3 +95,25 @@ def test_the_server_reports_unhealthy_and_answers_503_once_a_worker_is_gone():
         assert health.status_code == 503 and "lost a worker" in health.json()["detail"]
         r = client.post("/v1/completions", json=body)
         assert r.status_code == 503 and "lost a worker" in r.json()["error"]["message"]
+
+
+def test_a_worker_that_fails_to_start_is_a_clear_error_at_once(monkeypatch):
+    """Before joining the group, a worker's error reaches rank 0 over the store (here: a spec its
+    config rejects); a worker that exits without a word is named with its exit code. Neither waits
+    for the group's rendezvous (COLLECTIVE_TIMEOUT_S, 30 min)."""
+    import sys
+    import time
+
+    from dlm_backend.engine.parallel import workers
+
+    real = workers._worker_command
+    monkeypatch.setattr(workers, "_worker_command", lambda spec, *a: real(spec.replace('"float32"', '"float64"'), *a))
+    start = time.monotonic()
+    with pytest.raises(DLMError, match="worker 1 failed to start: dtype 'float64' is not supported"):
+        _llm(LLADA)
+    monkeypatch.setattr(workers, "_worker_command", lambda *a: [sys.executable, "-c", "raise SystemExit(3)"])
+    with pytest.raises(DLMError, match=r"worker 1 \(pid \d+\) exited with code 3 before joining"):
+        _llm(LLADA)
+    assert time.monotonic() - start < 120
+    monkeypatch.undo()
+    _llm(LLADA).close()                                 # nothing was left behind

@@ -15,9 +15,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import socket
 import subprocess
 import sys
+import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -36,12 +36,9 @@ COLLECTIVE_TIMEOUT_S = 1800
 NCCL_TIMEOUT_S = 300
 #: How long close() waits for a worker to leave before it is terminated.
 JOIN_TIMEOUT_S = 10
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+#: How often rank 0 looks at its starting workers (their store keys and whether they still run).
+START_POLL_S = 0.05
+_READY, _FAILED = "dlm/ready/{}", "dlm/failed/{}"
 
 
 def _launched_by_torchrun() -> bool:
@@ -57,17 +54,20 @@ def _device(base: torch.device, local_rank: int) -> torch.device:
     return torch.device("cuda", local_rank) if base.type == "cuda" else base
 
 
-def init_group(rank: int, world: int, device: torch.device, init_method: str) -> TPGroup:
-    """Join the engine's process group (NCCL on CUDA, gloo on CPU; step inputs on a gloo group)."""
+def init_group(rank: int, world: int, device: torch.device, store=None) -> TPGroup:
+    """Join the engine's process group (NCCL on CUDA, gloo on CPU; step inputs on a gloo group): on
+    rank 0's ``store`` when it started the workers, else torchrun's environment."""
     if dist.is_initialized():
         raise DLMError("This process already runs a tensor-parallel engine (torch.distributed is initialised). "
                        "Close it first (LLM.close()), or share it: one tensor-parallel engine per process.")
     backend = "nccl" if device.type == "cuda" else "gloo"
     if device.type == "cuda":
         torch.cuda.set_device(device)
+    if store is not None and rank:
+        store.set(_READY.format(rank), "")              # rank 0 stops watching this worker's start
     timeout = NCCL_TIMEOUT_S if backend == "nccl" else COLLECTIVE_TIMEOUT_S
-    dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world,
-                            timeout=timedelta(seconds=timeout))
+    where = {"store": store} if store is not None else {"init_method": "env://"}
+    dist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(seconds=timeout), **where)
     cpu_group = (dist.new_group(backend="gloo", timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S))
                  if backend == "nccl" else None)
     return TPGroup(rank, world, device, cpu_group)
@@ -160,7 +160,7 @@ def start(config) -> tuple[TPGroup, Workers]:
             raise DLMError(f"torchrun started {got} processes but tensor_parallel_size is {world}; give torchrun "
                            f"--nnodes x --nproc-per-node = {world}.")
         rank, local = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
-        group = init_group(rank, world, _device(base, local), "env://")
+        group = init_group(rank, world, _device(base, local))
         if rank != 0:
             try:
                 serve(config, group)
@@ -171,30 +171,62 @@ def start(config) -> tuple[TPGroup, Workers]:
     if base.type == "cuda" and torch.cuda.device_count() < world:
         raise DLMError(f"tensor_parallel_size={world} needs {world} GPUs; this machine shows "
                        f"{torch.cuda.device_count()}. Use fewer, or launch over several nodes with torchrun.")
-    init = f"tcp://127.0.0.1:{_free_port()}"
+    store = dist.TCPStore("127.0.0.1", 0, world, is_master=True, wait_for_workers=False,
+                          timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S))
     spec = json.dumps(dataclasses.asdict(config))
     # The workers import the very package rank 0 runs, wherever it was found (a checkout on sys.path).
     package_root = str(Path(__file__).resolve().parents[3])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p)}
-    procs = [subprocess.Popen([sys.executable, "-m", "dlm_backend.engine.parallel", spec, str(r), str(world), init],
-                              env=env) for r in range(1, world)]
-    group = _init_or_stop(procs, lambda: init_group(0, world, _device(base, 0), init))
-    return group, Workers(group, procs)
-
-
-def _init_or_stop(procs, init):
+    procs = [subprocess.Popen(_worker_command(spec, r, world, f"127.0.0.1:{store.port}"), env=env)
+             for r in range(1, world)]
     try:
-        return init()
+        _watch_start(procs, store)
+        group = init_group(0, world, _device(base, 0), store)
     except BaseException:
         for p in procs:
             p.terminate()
         raise
+    return group, Workers(group, procs)
 
 
-def worker_main(config, rank: int, world: int, init_method: str) -> None:
-    """A started worker: join rank 0, then :func:`serve`."""
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))      # the ranks share the machine's cores
-    group = init_group(rank, world, _device(config.torch_device, rank), init_method)
+def _worker_command(spec: str, rank: int, world: int, address: str) -> list[str]:
+    return [sys.executable, "-m", "dlm_backend.engine.parallel", spec, str(rank), str(world), address]
+
+
+def _watch_start(procs, store) -> None:
+    """Wait until every worker is about to join the group, or raise a DLMError for the first that
+    failed to start (its message, sent over the store) or exited: the group's own rendezvous would
+    wait COLLECTIVE_TIMEOUT_S for a worker that is gone."""
+    deadline = time.monotonic() + COLLECTIVE_TIMEOUT_S
+    while True:
+        for rank, p in enumerate(procs, start=1):
+            if store.check([_FAILED.format(rank)]):
+                message = store.get(_FAILED.format(rank)).decode(errors="replace")
+                raise DLMError(f"Tensor-parallel worker {rank} failed to start: {message}")
+            if p.poll() is not None:
+                raise DLMError(f"Tensor-parallel worker {rank} (pid {p.pid}) exited with code {p.returncode} "
+                               "before joining the engine; its output above says why.")
+        if store.check([_READY.format(r) for r in range(1, len(procs) + 1)]):
+            return
+        if time.monotonic() > deadline:
+            raise DLMError(f"Tensor-parallel workers did not start within {COLLECTIVE_TIMEOUT_S} s.")
+        time.sleep(START_POLL_S)
+
+
+def worker_main(spec: str, rank: int, world: int, address: str) -> None:
+    """A started worker: reach rank 0's store, join the group, then :func:`serve`. A failure before
+    joining is sent to rank 0 (which raises it) and re-raised here."""
+    from dlm_backend.engine.config import EngineConfig
+
+    host, port = address.rsplit(":", 1)
+    store = dist.TCPStore(host, int(port), world, is_master=False, timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S))
+    try:
+        config = EngineConfig(**json.loads(spec))
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))      # the ranks share the machine's cores
+        group = init_group(rank, world, _device(config.torch_device, rank), store)
+    except Exception as exc:
+        store.set(_FAILED.format(rank), f"{exc}" if isinstance(exc, DLMError) else f"{type(exc).__name__}: {exc}")
+        raise
     try:
         serve(config, group)
     finally:
