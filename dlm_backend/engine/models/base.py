@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dlm_backend.engine.layers import RMSNorm, RotaryTable
-from dlm_backend.engine.layers.head import UnmaskStats, greedy_from_logits, unmask_stats
+from dlm_backend.engine.layers.head import UnmaskStats, greedy_from_logits, unmask_stats, vocab_parallel_stats
 from dlm_backend.engine.parallel.group import build_group
 
 
@@ -127,8 +127,12 @@ class DiffusionLM(nn.Module, metaclass=ABCMeta):
     def compute_unmask_stats(self, hidden: torch.Tensor, exclude_id: int = -1) -> UnmaskStats:
         """Greedy token and its fp32 softmax probability per row of ``hidden [N, D]``; the kernel
         path never builds the [N, V] logits. ``exclude_id`` (the mask id) is never chosen. Under
-        tensor parallelism the head's rows are spread over the ranks: the gathered logits decide."""
+        tensor parallelism each rank reduces its rows of the head and the ranks exchange four numbers
+        a row, not the logits (a head kept whole on every rank decides alone)."""
         norm, weight = self.head()
-        if self.tp is not None:
-            return greedy_from_logits(self.compute_logits(hidden), exclude_id)
-        return unmask_stats(norm(hidden), weight, exclude_id)
+        if self.tp is None:
+            return unmask_stats(norm(hidden), weight, exclude_id)
+        logits = F.linear(norm(hidden), weight)                          # [N, V / world], or [N, V] whole
+        if logits.shape[1] == self.args.vocab_size:
+            return greedy_from_logits(logits, exclude_id)
+        return vocab_parallel_stats(self.tp, logits, self.args.vocab_size, exclude_id)
