@@ -29,6 +29,7 @@ bound on the padded rows), so it can sit inside a captured CUDA graph.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
 
@@ -149,34 +150,38 @@ def _tiles(n_assign: int, E: int, I: int, D: int) -> tuple[int, int, int, int, i
 def align_by_expert(topk_idx: torch.Tensor, E: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Group the assignments by expert, each group padded to a multiple of ``block_m``. No host sync.
 
-    Returns ``ids`` [P] int32 (assignment ``t*k + slot`` per padded row, ``T*k`` on pad rows) and
-    ``block_expert`` [P / block_m] int32 (the expert of each tile, ``E`` for tiles past the last group),
-    with ``P = T*k + min(E, T*k) * (block_m - 1)`` rounded up to ``block_m``: the most any routing pads to.
+    ``topk_idx`` holds ids in ``[0, E]``; ``E`` marks an assignment to an expert another rank holds
+    (tensor parallelism), which gets no row. Returns ``ids`` [P] int32 (assignment ``t*k + slot`` per
+    padded row, ``T*k`` on pad rows) and ``block_expert`` [P / block_m] int32 (the expert of each tile,
+    ``E`` for tiles past the last group), with ``P = T*k + min(E, T*k) * (block_m - 1)`` rounded up to
+    ``block_m``: the most any routing pads to.
     """
     flat = topk_idx.reshape(-1)                                                    # [n]
     n, dev = flat.numel(), flat.device
     order = torch.argsort(flat, stable=True)                                      # assignments by expert
     # scatter_add, not bincount: CUDA bincount reads the max back to the host to size its output.
-    counts = torch.zeros(E, dtype=torch.int64, device=dev).scatter_add_(0, flat, torch.ones_like(flat))
+    counts = torch.zeros(E + 1, dtype=torch.int64, device=dev).scatter_add_(0, flat, torch.ones_like(flat))[:E]
     padded = (counts + block_m - 1) // block_m * block_m
     pad_end = padded.cumsum(0)                                                     # [E]
     first = (pad_end - padded) - (counts.cumsum(0) - counts)                       # pad start - sorted start
     e_sorted = flat[order]
-    dest = first[e_sorted] + torch.arange(n, device=dev)                          # padded row of each
     P = triton.cdiv(n + min(E, n) * (block_m - 1), block_m) * block_m
-    ids = torch.full((P,), n, dtype=torch.int32, device=dev)
+    dest = F.pad(first, (0, 1))[e_sorted] + torch.arange(n, device=dev)           # padded row of each
+    dest = torch.where(e_sorted < E, dest, P)                                     # another rank's: row P, dropped
+    ids = torch.full((P + 1,), n, dtype=torch.int32, device=dev)
     ids[dest] = order.to(torch.int32)
     starts = torch.arange(0, P, block_m, device=dev)
     block_expert = torch.searchsorted(pad_end, starts, right=True).to(torch.int32)  # E past the end
-    return ids, block_expert
+    return ids[:P], block_expert
 
 
 def fused_moe(x: torch.Tensor, topk_idx: torch.Tensor, topk_weight: torch.Tensor, gate: torch.Tensor,
-              up: torch.Tensor, down: torch.Tensor, activation: str = "silu") -> torch.Tensor:
+              up: torch.Tensor, down: torch.Tensor, activation: str = "silu", foreign: bool = False) -> torch.Tensor:
     """``sum_k w[t,k] * down_e(act(gate_e(x_t)) * up_e(x_t))`` with ``e = topk_idx[t,k]`` (Triton).
 
     x: [T, D] (fp32, fp16 or bf16; any strides); topk_idx: [T, k] int64 (or int32), every entry in
-    [0, E) (not checked: that would sync with the host); topk_weight: [T, k] (read as fp32);
+    [0, E) (not checked: that would sync with the host), or in [0, E] with ``foreign``, where E is
+    another rank's expert: never computed, it adds nothing; topk_weight: [T, k] (read as fp32);
     gate, up: [E, I, D] and down: [E, D, I] in x's dtype, any strides (views of a fused gate_up
     tensor or a transposed down work without a copy). Returns [T, D] in x's dtype.
     """
@@ -195,8 +200,9 @@ def fused_moe(x: torch.Tensor, topk_idx: torch.Tensor, topk_weight: torch.Tensor
     ids, block_expert = align_by_expert(topk_idx.long(), E, bm)
     route = topk_weight.reshape(-1).to(torch.float32).contiguous()                # [n]
     h = torch.empty(n, I, dtype=x.dtype, device=x.device)                         # [T*k, I]
-    y = torch.empty(n, D, dtype=torch.float32, device=x.device)                   # [T*k, D] weighted
-    # Pad rows are never written: every real row of h and y is written by exactly one tile.
+    # Pad rows are never written: every real row of h and y is written by exactly one tile, and
+    # another rank's assignments by none (their rows of y stay 0).
+    y = (torch.zeros if foreign else torch.empty)(n, D, dtype=torch.float32, device=x.device)   # [T*k, D]
     # dot_upcast(x): interpreter and bf16, the case that needs the fp32 dot operands and the hand rounding.
     ieee, upcast, tiles = is_fp32(x), dot_upcast(x), block_expert.numel()
     _gate_up_kernel[(tiles, triton.cdiv(I, bn1))](

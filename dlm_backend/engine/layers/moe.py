@@ -57,10 +57,5 @@ def experts(x: torch.Tensor, topk_idx: torch.Tensor, topk_weight: torch.Tensor, 
     if triton_enabled():
         from dlm_backend.engine.kernels.moe import fused_moe
 
-        if foreign:
-            # The kernel reads every id; another rank's assignments go to expert 0 with weight 0 (an
-            # exact zero in the fp32 combine). Wasted rows: an expert map in the kernel would skip them.
-            outside = topk_idx == gate.shape[0]
-            topk_idx, topk_weight = topk_idx.masked_fill(outside, 0), topk_weight.masked_fill(outside, 0)
-        return fused_moe(x, topk_idx, topk_weight, gate, up, down, activation)
+        return fused_moe(x, topk_idx, topk_weight, gate, up, down, activation, foreign)
     return routed_experts(x, topk_idx, topk_weight, gate, up, down, activation)

@@ -135,7 +135,7 @@ def test_align_by_expert_groups_every_assignment_once():
 def test_layer_dispatch(monkeypatch):
     args = _inputs(5, 16, 16, 3, 2, torch.float32)
     calls = []
-    monkeypatch.setattr(moe_kernel, "fused_moe", lambda *a: calls.append(a[-1]) or fused_moe(*a))
+    monkeypatch.setattr(moe_kernel, "fused_moe", lambda *a: calls.append(a[6]) or fused_moe(*a))
     want = experts(*args)                                           # no forward context: torch
     assert calls == []
     with forward_context(ForwardContext(triton=True)):
@@ -143,6 +143,27 @@ def test_layer_dispatch(monkeypatch):
     assert calls == ["gelu_tanh"]
     torch.testing.assert_close(want, routed_experts(*args), atol=0, rtol=0)
     torch.testing.assert_close(got, routed_experts(*args, activation="gelu_tanh"), **MOE_TOL[torch.float32])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_another_ranks_experts_are_skipped_and_add_nothing(dtype):
+    """Under tensor parallelism a rank holds E of the experts and id E marks another rank's: the
+    kernel gives them no rows (no tile computes them) and equals the reference, which skips them."""
+    T, D, I, E, k = 29, 32, 24, 6, 3
+    x, idx, w, gate, up, down = _inputs(T, D, I, 2 * E, k, dtype, seed=7)
+    local = idx.masked_fill(idx >= E, E)                            # experts E..2E-1 live elsewhere
+    assert (local == E).any() and (local < E).any()
+    args = (x, local, w, gate[:E], up[:E], down[:E])
+    got = fused_moe(*args, foreign=True)
+    want = routed_experts(*args)
+    torch.testing.assert_close(got, want, **MOE_TOL[dtype])
+    mine = torch.where(local < E, w, torch.zeros_like(w))           # the old way: weight 0 on expert 0
+    torch.testing.assert_close(got, fused_moe(x, local.masked_fill(local == E, 0), mine, *args[3:]), **MOE_TOL[dtype])
+    ids, block_expert = align_by_expert(local, E, 16)
+    n = local.numel()
+    assert sorted(ids[ids < n].tolist()) == sorted(torch.nonzero(local.reshape(-1) < E)[:, 0].tolist())
+    used = int((block_expert < E).sum())
+    assert used == sum(-(-int((local == e).sum()) // 16) for e in range(E))   # no tile for the foreign
 
 
 @pytest.mark.gpu
