@@ -1,0 +1,45 @@
+"""Score models on the open-ended families' own held-out prompts (another seed and entity split).
+
+``dlm eval`` scores the template families; this asks whether a model learned the open families
+in distribution at all, which separates "the generator does not cover hand-written prompts" from
+"the model did not learn the task in its budget" (findings.md, the f-run and the g-run).
+
+    .venv/bin/python recipes/dlm_tiny/probes/open_heldout.py MODEL [MODEL ...] [--per-family 40]
+"""
+
+import argparse
+
+from dlm_backend import LLM
+from dlm_tiny import corpus, evaluate
+
+OPEN = ["qa_open", "tool_open", "tool_result_open", "json_open"]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("models", nargs="+")
+    ap.add_argument("--per-family", type=int, default=40)
+    ap.add_argument("--config", default="threshold 0.95, prefix, block 4")
+    args = ap.parse_args()
+    config = evaluate.select_configs(evaluate.default_configs(), args.config)[0]
+    examples = corpus.generate(args.per_family * len(OPEN), seed=evaluate.EVAL_SEED, split="eval", families=OPEN)
+    for model in args.models:
+        with LLM(model) as llm:
+            prompts = [llm.encode_chat(e.messages, tools=e.tools) for e in examples]
+            texts = []
+            for i in range(0, len(prompts), 16):
+                texts += [o.text for o in llm.generate(prompt_token_ids=prompts[i:i + 16], sampling_params=config.params)]
+        print(f"## {model} ({config.label})")
+        for fam in OPEN:
+            scored = [(e, evaluate.score(e, t)) for e, t in zip(examples, texts) if e.family == fam]
+            refusals = sum(e.target == corpus.NOT_IN_CONTEXT for e, _ in scored)
+            valid = [s["valid"] for _, s in scored if "valid" in s]
+            print(f"- {fam}: exact {sum(s['exact'] for _, s in scored)}/{len(scored)}"
+                  + (f", valid {sum(valid)}/{len(valid)}" if valid else "")
+                  + (f" ({refusals} to refuse)" if fam == "qa_open" else ""))
+        for e, t in [(e, t) for e, t in zip(examples, texts) if e.family == "qa_open"][:6]:
+            print(f"  expected {e.target!r} got {t[:80]!r}")
+
+
+if __name__ == "__main__":
+    main()
