@@ -25,22 +25,36 @@ from dlm_backend.parity.cases import SAMPLERS, Run
 from dlm_backend.parity.forward import fixture_checks
 
 
+#: Why a fragile case's mismatch is reported and not failed (the fixture READMEs' "fragility flags").
+FRAGILE = ("fragile: the reference's own tokens change under 1e-4 of logit noise, so they are exact only "
+           "where this CPU's float32 kernels round as the reference's did")
+
+
 @dataclass
 class Result:
-    """One case: ``ok`` when every comparison held; ``errors`` say which did not."""
+    """One case: ``ok`` when every comparison held; ``errors`` say which did not.
+
+    ``fragile`` marks a case its fixture flags ``robust_to_logit_noise.same_outputs: false``: the
+    reference gave other tokens under +-1e-4 of noise on its logits, so rounding differences between
+    CPUs (one ulp in a matrix product) change them too; its mismatch is a ``diff``, not a failure."""
 
     fixture: str
     name: str
     errors: list[str] = field(default_factory=list)
     note: str = ""
+    fragile: bool = False
 
     @property
     def ok(self) -> bool:
         return not self.errors
 
+    @property
+    def failed(self) -> bool:
+        return not self.ok and not self.fragile
+
     def line(self) -> str:
-        status = "ok  " if self.ok else "FAIL"
-        detail = "; ".join(self.errors) if self.errors else self.note
+        status = "ok  " if self.ok else "FAIL" if self.failed else "diff"
+        detail = "; ".join(self.errors + ([FRAGILE] if not self.failed and not self.ok else [])) or self.note
         return f"{status} {self.fixture}: {self.name}" + (f" ({detail})" if detail else "")
 
 
@@ -104,7 +118,8 @@ def check_fixture(folder: str | Path, replay: bool = False, device: str | None =
                 errors = [f"the engine refused or failed: {exc}"]
             replayed = replay and any(run.recorded)
             results.append(Result(folder.name, _case_name(i, case), errors,
-                                  "; ".join(filter(None, [run.note, "replayed draws" if replayed else ""]))))
+                                  "; ".join(filter(None, [run.note, "replayed draws" if replayed else ""])),
+                                  fragile=not case.get("robust_to_logit_noise", {}).get("same_outputs", True)))
         logits = folder / "expected_logits.safetensors"
         if logits.is_file():
             for check in fixture_checks(engine.runner.model, cases, load_file(str(logits)), engine.device):
@@ -116,12 +131,13 @@ def check_fixture(folder: str | Path, replay: bool = False, device: str | None =
 
 
 def main(folders: list[str], replay: bool = False, device: str | None = None, echo=print) -> int:
-    """Check every folder, one line per case and a closing count; the exit code is 1 on any mismatch."""
+    """Check every folder, one line per case and a closing count; the exit code is 1 on any mismatch
+    of a case that is not fragile."""
     results = []
     for folder in folders:
         for result in check_fixture(folder, replay, device):
             echo(result.line())
             results.append(result)
-    exact = sum(r.ok for r in results)
-    echo(f"{exact}/{len(results)} cases exact")
-    return 0 if results and exact == len(results) else 1
+    exact, differ = sum(r.ok for r in results), sum(not r.ok and not r.failed for r in results)
+    echo(f"{exact}/{len(results)} cases exact" + (f"; {differ} fragile case(s) differ" if differ else ""))
+    return 0 if results and not any(r.failed for r in results) else 1

@@ -19,12 +19,16 @@ DGEMMA = FIXTURES / "parity-block" / "diffusiongemma-tiny"
 
 
 @pytest.mark.parametrize("folder", PUBLIC, ids=lambda p: p.name)
-def test_every_case_of_a_public_fixture_is_exact(folder):
+def test_every_robust_case_of_a_public_fixture_is_exact(folder):
+    """Fragile cases (DiffusionGemma's long seeded runs, Fast-dLLM's prompt-as-long-as-a-block quirk)
+    are exact only on CPUs whose float32 kernels round as the reference's did; they run and report."""
     results = check_fixture(folder, replay=folder.name in REPLAYED)
     cases = json.loads((folder / "cases.json").read_text())["cases"]
     assert sum(not r.name.startswith("forward") for r in results) == len(cases)
     assert any(r.name.startswith("forward") for r in results)
-    assert [r.line() for r in results if not r.ok] == []
+    assert [r.line() for r in results if r.failed] == []
+    assert sum(r.fragile for r in results) == sum(not c.get("robust_to_logit_noise", {}).get("same_outputs", True)
+                                                  for c in cases)
 
 
 def test_sampled_cases_also_pass_with_the_recorded_draws():
@@ -38,7 +42,9 @@ def test_diffusiongemma_seeded_cases_are_exact_without_replay_but_the_shared_bat
     (the same MT19937 calls), so every one-prompt case is exact on its seed alone; batch2's rows
     shared one stream, interleaved, which one request's generator cannot draw."""
     cases = [r for r in check_fixture(DGEMMA) if not r.name.startswith("forward")]
-    assert [r.name for r in cases if not r.ok] == ["#4 batch2"]
+    # batch2 is fragile too (as #0 and #3): on the reference's CPU kernels it is the one that differs
+    assert [r.name for r in cases if not r.ok and not r.fragile] == []
+    assert [r.name for r in cases if r.fragile] == ["#0 defaults_2canvas", "#3 temps_steps12_stab2", "#4 batch2"]
     assert len(cases) == 9 and not any("replayed" in r.note for r in cases)
 
 
@@ -73,6 +79,25 @@ def test_a_mismatch_fails_the_command_and_says_where(tmp_path, capsys):
     assert out.splitlines()[-1].startswith(f"{len(out.splitlines()) - 3}/")
 
 
+def test_a_fragile_case_that_differs_is_reported_but_does_not_fail_the_command(tmp_path, capsys):
+    folder = shutil.copytree(FIXTURES / "parity-block" / "fastdllm2-tiny", tmp_path / "fastdllm2")
+    cases = json.loads((folder / "cases.json").read_text())
+    fragile, robust = cases["cases"][24], cases["cases"][0]
+    assert not fragile["robust_to_logit_noise"]["same_outputs"] and robust["robust_to_logit_noise"]["same_outputs"]
+    fragile["result"]["outputs"][-1] += 1                 # the reference "said" another last token
+    cases["cases"] = [robust, fragile]
+    (folder / "cases.json").write_text(json.dumps(cases))
+    assert dlm(["parity", str(folder)]) == 0
+    out = capsys.readouterr().out
+    assert "diff fastdllm2: #1 " in out and "fragile: the reference's own tokens change" in out
+    assert out.splitlines()[-1].endswith("; 1 fragile case(s) differ")
+    robust["robust_to_logit_noise"]["same_outputs"] = False     # the same mismatch on a robust case fails
+    fragile["robust_to_logit_noise"]["same_outputs"] = True
+    (folder / "cases.json").write_text(json.dumps(cases))
+    assert dlm(["parity", str(folder)]) == 1
+    assert "FAIL fastdllm2: #1 " in capsys.readouterr().out
+
+
 def test_an_unknown_reference_sampler_is_a_failure_not_a_skip(tmp_path):
     folder = shutil.copytree(FIXTURES / "parity-block" / "sdar-tiny", tmp_path / "sdar")
     cases = json.loads((folder / "cases.json").read_text())
@@ -98,3 +123,4 @@ def test_every_public_fixture_is_exact_on_cuda_with_the_kernels(folder):
                if not c.get("robust_to_logit_noise", {}).get("same_outputs", True)}
     results = check_fixture(folder, replay=folder.name in REPLAYED, device="cuda")
     assert [r.line() for r in results if not r.ok and r.name not in fragile] == []
+    assert {r.name for r in results if r.fragile} == fragile
