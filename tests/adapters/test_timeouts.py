@@ -8,6 +8,7 @@ LlamaIndex get a ``TimeoutError`` (RequestTimeoutError) and LiteLLM its ``litell
 """
 
 import asyncio
+import gc
 import os
 import time
 
@@ -17,10 +18,11 @@ from helpers import make_chat_checkpoint
 from dlm_backend import LLM
 
 TIMEOUT = 0.3
-#: 64 passes of at least 50 ms each: over 3 s unless the timeout stops it.
-SLOW = {"max_tokens": 64, "block_length": 8, "sampler": "llada", "steps": 64, "ignore_eos": True}
-#: What "soon after the timeout" allows on a busy machine: a pass in flight, the abort, the raise.
-RAISED_WITHIN = 2.0
+#: 128 passes of at least 50 ms each: over 6 s unless the timeout stops it.
+SLOW = {"max_tokens": 128, "block_length": 8, "sampler": "llada", "steps": 128, "ignore_eos": True}
+#: What "soon after the timeout" allows on a busy machine: a pass in flight, the abort, the raise. Alone
+#: on 2 cores they take 0.3-1.2 s; inside the whole suite LiteLLM's acompletion once took 2.25 s.
+RAISED_WITHIN = 3.0
 
 
 @pytest.fixture(scope="module")
@@ -44,6 +46,7 @@ def slow_model(tmp_path_factory):
 def assert_aborted_in_time(call, error, engine):
     """``call()`` raises ``error`` within RAISED_WITHIN s, and the engine holds nothing afterwards."""
     aborted = engine.stats.finished["abort"]
+    gc.collect()              # a full collection of the suite's heap is not the front door's latency
     started = time.monotonic()
     with pytest.raises(error) as raised:
         call()
