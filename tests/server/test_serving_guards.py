@@ -163,7 +163,8 @@ def test_full_queue_answers_429_with_retry_after(slow):
     threads = [threading.Thread(target=post, args=(i,)) for i in range(3)]
     for t in threads:
         t.start()
-    assert wait_for(lambda: engine.num_running == 2 and engine.num_waiting == 1)
+    assert wait_for(lambda: engine.num_running == 2 and engine.num_waiting == 1), \
+        f"{engine.num_running} running, {engine.num_waiting} waiting, answered {results}"
     r = httpx.post(url + CHAT, json=body("one too many"), timeout=60)
     assert r.status_code == 429 and r.headers["retry-after"] == "1"
     assert "retry" in r.json()["error"]["message"]
@@ -248,7 +249,8 @@ def test_client_timeout_on_a_non_streaming_request_frees_the_slot(slow):
     aborted = engine.stats.finished["abort"]
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(url + CHAT, json=body("too slow", **LONG), timeout=0.3)
-    assert wait_for(lambda: engine.stats.finished["abort"] == aborted + 1, timeout=2.5)
+    assert wait_for(lambda: engine.stats.finished["abort"] == aborted + 1, timeout=2.5), \
+        f"finished {dict(engine.stats.finished)}, {engine.num_running} running"
     assert engine.num_running == 0
 
 
