@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+from contextlib import contextmanager
 from typing import Callable, Iterator
 
 from dlm_backend.engine.engine import LLMEngine
@@ -24,10 +25,55 @@ log = logging.getLogger(__name__)
 Sink = Callable[[StreamChunk], None]
 
 
+class StateLock:
+    """The engine's bookkeeping lock: a step holds it for a whole pass, and lets waiters in first.
+
+    ``threading.Lock`` is not fair. A stepper that releases it and takes it again microseconds later
+    wins nearly every race against a thread the OS must wake first, so a submit or an abort waited
+    behind many passes (measured on 2 cores with 50 ms passes: aborts up to 4.9 s, submits up to
+    0.55 s) instead of at most the pass in flight. Bookkeepers (:meth:`now`) announce themselves
+    before they block; a stepper (:meth:`after_waiters`) takes the lock only once none is waiting.
+    """
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._turns = threading.Condition(threading.Lock())
+        self._waiting = 0
+
+    @property
+    def waiting(self) -> int:
+        """Bookkeepers blocked on the lock."""
+        return self._waiting
+
+    @contextmanager
+    def now(self) -> Iterator[None]:
+        """Hold the lock for bookkeeping: waits for the pass in flight, never for the next."""
+        with self._turns:
+            self._waiting += 1
+        try:
+            self._lock.acquire()
+        finally:
+            with self._turns:
+                self._waiting -= 1
+                self._turns.notify_all()
+        try:
+            yield
+        finally:
+            self._lock.release()
+
+    @contextmanager
+    def after_waiters(self) -> Iterator[None]:
+        """Hold the lock for a step, once every bookkeeper already waiting has had its turn."""
+        with self._turns:
+            self._turns.wait_for(lambda: self._waiting == 0)
+        with self._lock:
+            yield
+
+
 class EngineLoop:
     def __init__(self, engine: LLMEngine):
         self.engine = engine
-        self._state = threading.Lock()              # engine bookkeeping (add/abort/step)
+        self._state = StateLock()                   # engine bookkeeping (add/abort/step)
         self._drive = threading.Lock()              # held by whoever is stepping
         self._wake = threading.Condition(threading.Lock())
         self._sinks: dict[str, Sink] = {}
@@ -39,7 +85,7 @@ class EngineLoop:
                request_id: str | None = None, background: bool = False,
                response_template: list[int | None] | None = None) -> str:
         """Queue a request (DLMError raised here, in the caller's thread, for bad input)."""
-        with self._state:
+        with self._state.now():
             if self.closed:
                 raise DLMError("This engine was closed (LLM.close()); create a new LLM to load the model again.")
             seq = self.engine.add_request(prompt_token_ids, params, request_id, response_template)
@@ -55,7 +101,7 @@ class EngineLoop:
 
     def abort(self, request_id: str) -> None:
         """Cancel a request now: its slot and cache are freed and its consumer gets a final chunk."""
-        with self._state:
+        with self._state.now():
             chunk = self.engine.abort(request_id)
             sink = self._sinks.pop(request_id, None)
         with self._wake:
@@ -64,12 +110,12 @@ class EngineLoop:
             sink(chunk)
 
     def set_limits(self, **limits) -> None:
-        with self._state:
+        with self._state.now():
             self.engine.set_limits(**limits)
 
     def close(self) -> None:
         """End every request (consumers get a final ``abort`` chunk) and free the engine's memory."""
-        with self._drive, self._state:
+        with self._drive, self._state.now():
             if self.closed:
                 return
             self.closed = True
@@ -105,7 +151,7 @@ class EngineLoop:
 
     def step(self) -> None:
         """One engine step; chunks go to their sinks outside the lock (sinks may submit work)."""
-        with self._state:
+        with self._state.after_waiters():
             if self.closed or not self.engine.has_unfinished:
                 return
             chunks = self.engine.step()

@@ -154,3 +154,35 @@ def test_request_aborted_by_another_thread_returns_abort():
         del llm.engine.runner.step
     assert out.finish_reason == "abort" and out.num_forward_passes < 256
     assert not llm.engine.has_unfinished
+
+
+def test_submit_and_abort_wait_for_the_pass_in_flight_not_for_later_ones(loop, monkeypatch):
+    """A background stepper released the state lock and took it again before a waiting thread
+    woke, so an abort waited behind up to 90 passes (4.9 s of 50 ms passes) on 2 cores. Counted in
+    passes, not seconds: between asking and getting in, at most one new pass may start."""
+    import time
+
+    original, passes = loop.engine.runner.step, []
+
+    def slow_step(seqs):
+        passes.append(1)
+        time.sleep(0.01)
+        return original(seqs)
+
+    monkeypatch.setattr(loop.engine.runner, "step", slow_step)
+    long = PARAMS.replace(max_tokens=64, block_length=8, steps=64)
+    waited = []
+    for _ in range(12):
+        running = loop.submit(PROMPT, long, lambda chunk: None, background=True)
+        while len(passes) < 2:                              # the stepper is busy
+            time.sleep(0.001)
+        before = len(passes)
+        late = loop.submit(PROMPTS[1], long, lambda chunk: None, background=True)
+        waited.append(len(passes) - before)
+        before = len(passes)
+        loop.abort(running)
+        loop.abort(late)
+        waited.append(len(passes) - before)
+        passes.clear()
+    assert max(waited) <= 1, waited
+    assert not loop.engine.has_unfinished
