@@ -20,9 +20,10 @@ from dlm_backend import LLM
 TIMEOUT = 0.3
 #: 128 passes of at least 50 ms each: over 6 s unless the timeout stops it.
 SLOW = {"max_tokens": 128, "block_length": 8, "sampler": "llada", "steps": 128, "ignore_eos": True}
-#: What "soon after the timeout" allows on a busy machine: a pass in flight, the abort, the raise. Alone
-#: on 2 cores they take 0.3-1.2 s; inside the whole suite LiteLLM's acompletion once took 2.25 s.
-RAISED_WITHIN = 3.0
+#: What "soon after the timeout" allows on a busy machine: a pass in flight, the abort, the raise. On
+#: 2 cores they take 0.32-0.54 s. The 1-4 s outliers seen inside the whole suite were aborts starved
+#: of the engine's lock by its stepping thread (engine/loop.py, StateLock).
+RAISED_WITHIN = 2.0
 
 
 @pytest.fixture(scope="module")
