@@ -40,11 +40,6 @@ class StateLock:
         self._turns = threading.Condition(threading.Lock())
         self._waiting = 0
 
-    @property
-    def waiting(self) -> int:
-        """Bookkeepers blocked on the lock."""
-        return self._waiting
-
     @contextmanager
     def now(self) -> Iterator[None]:
         """Hold the lock for bookkeeping: waits for the pass in flight, never for the next."""
