@@ -5,6 +5,7 @@ that fails does not stop the others."""
 import asyncio
 import json
 import queue
+import time
 
 import pytest
 from helpers import PARITY
@@ -102,7 +103,6 @@ def test_abandoned_stream_frees_its_slot(dream_chat):
     for _ in range(200):
         if not llm.engine.has_unfinished:
             break
-        import time
         time.sleep(0.01)
     assert not llm.engine.has_unfinished
 
@@ -158,10 +158,8 @@ def test_request_aborted_by_another_thread_returns_abort():
 
 def test_submit_and_abort_wait_for_the_pass_in_flight_not_for_later_ones(loop, monkeypatch):
     """A background stepper released the state lock and took it again before a waiting thread
-    woke, so an abort waited behind up to 90 passes (4.9 s of 50 ms passes) on 2 cores. Counted in
-    passes, not seconds: between asking and getting in, at most one new pass may start."""
-    import time
-
+    woke, so an abort waited up to 4.9 s behind 50 ms passes on 2 cores. Counted in passes, not
+    seconds: between asking and getting in, at most one new pass may start."""
     original, passes = loop.engine.runner.step, []
 
     def slow_step(seqs):
