@@ -65,10 +65,10 @@ class TestChatDLMIntegration(ChatDLMSuite, ChatModelIntegrationTests):
         "model capability: dlm-tiny's corpus is ASCII, so it has never written the byte pieces of '你好' and "
         "fills the argument with an ASCII word instead")
     test_agent_loop = xfail(ChatModelIntegrationTests.test_agent_loop,
-                            "model capability: dlm-tiny learned get_weather(city) from its tool catalog; for "
-                            "the suite's get_weather(location) it writes no call the test accepts (s6 starts a call to "
-                            "lookup_weather, a name offered nowhere, and never closes it)")
+                            "model capability: dlm-tiny picks get_weather but fills it with an argument key from its "
+                            "training schemas, {'restaurant': 'San Francisco'}, not the suite's 'location', and the "
+                            "tool rejects the call (a pydantic ValidationError)")
     test_json_mode = xfail(ChatModelIntegrationTests.test_json_mode,
                            "model capability: json_mode has no schema to template, and dlm-tiny's free-form "
-                           "JSON for the Joke request has keys from its training schemas (s6: product, city), "
-                           "not setup and punchline, and here is not valid JSON (an OutputParserException)")
+                           "JSON for the Joke request has keys from its training schemas (name, price, color), "
+                           "not setup and punchline, so the reply fails the Joke schema")

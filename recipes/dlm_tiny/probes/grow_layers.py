@@ -2,7 +2,7 @@
 
 Each new layer is a copy of the layer before it with its output projection and MLP down projection
 zeroed, so it adds nothing to the residual stream until training moves those two matrices; the
-grown model's logits equal the source's (checked below). New layers go where ``--insert`` says
+grown model writes the source's replies token for token (checked below). New layers go where ``--insert`` says
 (after which old layer each); the pointer head's layer index moves with them, and the grown
 config records it, so a ``dlm train --init-from`` stage passes ``--num-layers N --pointer-layer P``.
 Layers inserted before the pointer keep its source clean: their writes into the reserved dims are
