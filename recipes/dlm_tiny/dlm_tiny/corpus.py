@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from dlm_tiny.entities import CATEGORIES, COLORS, JOBS, ANIMALS, SPORTS, WORDS, Entities
 from dlm_tiny.open_json import open_chat, open_json
+from dlm_tiny.open_keys import keyed_qa, keyed_tool_call
 from dlm_tiny.open_qa import NOT_IN_CONTEXT, open_qa
 from dlm_tiny.open_tools import open_tool_call, open_tool_result
 from dlm_tiny.open_words import IDENTITY
@@ -24,10 +25,12 @@ FAMILIES = {"qa": 0.23, "tool_call": 0.17, "tool_result": 0.09, "json": 0.14, "a
             "chat": 0.05, "copy": 0.15,
             # the same tasks in many surface forms (open_*.py): 0 unless named, and last, so older
             # stages draw what they drew before (random.choices reads one number per draw)
-            "qa_open": 0.0, "tool_open": 0.0, "tool_result_open": 0.0, "json_open": 0.0, "chat_open": 0.0}
+            "qa_open": 0.0, "tool_open": 0.0, "tool_result_open": 0.0, "json_open": 0.0, "chat_open": 0.0,
+            # the request's own words name what it wants (open_keys.py)
+            "qa_keyed": 0.0, "tool_keyed": 0.0}
 #: how an open family's answers are scored: as the first family's of the same task
 SCORED_AS = {"qa_open": "qa", "tool_open": "tool_call", "tool_result_open": "tool_result", "json_open": "json",
-             "chat_open": "chat"}
+             "chat_open": "chat", "qa_keyed": "qa", "tool_keyed": "tool_call"}
 #: what the held-out evaluation scores; ``copy`` is practice only (see :func:`copy_task`).
 EVAL_FAMILIES = ["qa", "tool_call", "tool_result", "json", "arithmetic", "list", "chat"]
 
@@ -291,7 +294,7 @@ def copy_task(rng: random.Random, ent: Entities) -> Example:
 GENERATORS = {"qa": qa, "tool_call": tool_call, "tool_result": tool_result, "json": structured,
               "arithmetic": arithmetic, "list": list_task, "chat": chat, "copy": copy_task}
 OPEN_GENERATORS = {"tool_open": open_tool_call, "tool_result_open": open_tool_result, "json_open": open_json,
-                   "chat_open": open_chat}
+                   "chat_open": open_chat, "tool_keyed": keyed_tool_call}
 
 
 def generate(n: int, seed: int, split: str = "train", families: list[str] | None = None,
@@ -313,7 +316,8 @@ def generate(n: int, seed: int, split: str = "train", families: list[str] | None
         if family == "qa":
             out.append(qa(rng, ent, unanswerable, qa_hard, rag_templates))
         elif family in SCORED_AS:
-            d = open_qa(rng, ent, unanswerable, qa_hard) if family == "qa_open" else OPEN_GENERATORS[family](rng, ent)
+            d = open_qa(rng, ent, unanswerable, qa_hard) if family == "qa_open" else \
+                keyed_qa(rng, ent, unanswerable) if family == "qa_keyed" else OPEN_GENERATORS[family](rng, ent)
             out.append(Example(family, d["messages"], d["target"], d.get("tools"), d["expected"]))
         else:
             out.append(GENERATORS[family](rng, ent))

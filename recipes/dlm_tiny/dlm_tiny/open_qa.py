@@ -217,18 +217,22 @@ def open_qa(rng: random.Random, ent: Entities, unanswerable: float = 0.15, hard:
         sentences.insert(rng.randrange(len(sentences) + 1), rng.choice(FILLERS))
     question = _question(rng, rng.choice(RELATIONS[rel][3]).format(s=s))
     question = question[0].upper() + question[1:]
+    passage = lambda: _layout(rng, sentences, sheets if not any(f in sentences for f in FILLERS) else None)
+    messages = qa_messages(rng, sentences, passage, question)
+    return {"messages": messages, "target": answer, "expected": {"answer": answer}}
+
+
+def qa_messages(rng: random.Random, sentences: list[str], passage, question: str) -> list[dict]:
+    """The prompt around a passage and a question: a RAG framework's own (15%), the passage as the
+    system turn (15%), or one of :data:`WRAPPERS`; ``passage()`` lays the sentences out when needed."""
     style = rng.random()
     if style < 0.15:
-        _, messages = framework_rag(rng, sentences, question)
-    else:
-        passage = _layout(rng, sentences, sheets if not any(f in sentences for f in FILLERS) else None)
-        if style < 0.3:        # the passage in the system turn, the question as the user's
-            messages = [{"role": "system", "content": f"{rng.choice(SYSTEMS)}\n\n{passage}"},
-                        {"role": "user", "content": question}]
-        else:
-            ql = question[0].lower() + question[1:]
-            content = rng.choice(WRAPPERS).format(p=passage, q=question, ql=ql)
-            messages = [{"role": "user", "content": content}]
-            if rng.random() < 0.25:
-                messages.insert(0, {"role": "system", "content": rng.choice(SYSTEMS)})
-    return {"messages": messages, "target": answer, "expected": {"answer": answer}}
+        return framework_rag(rng, sentences, question)[1]
+    text = passage()
+    if style < 0.3:        # the passage in the system turn, the question as the user's
+        return [{"role": "system", "content": f"{rng.choice(SYSTEMS)}\n\n{text}"}, {"role": "user", "content": question}]
+    ql = question[0].lower() + question[1:]
+    messages = [{"role": "user", "content": rng.choice(WRAPPERS).format(p=text, q=question, ql=ql)}]
+    if rng.random() < 0.25:
+        messages.insert(0, {"role": "system", "content": rng.choice(SYSTEMS)})
+    return messages

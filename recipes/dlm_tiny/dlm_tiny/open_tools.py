@@ -111,7 +111,12 @@ def open_tool_call(rng: random.Random, ent: Entities) -> dict:
     """One request that needs one of the offered tools (or, at 8%, none: a greeting with tools on offer)."""
     vals = Values(rng, ent)
     frame = rng.choice(FRAMES)
-    tools, names, name = _toolset(rng, frame)
+    return call_example(rng, vals, frame, *_toolset(rng, frame))
+
+
+def call_example(rng: random.Random, vals: Values, frame: Frame, tools: list[dict], names: dict, name: str) -> dict:
+    """The request for ``frame``'s tool (offered as ``name`` among ``tools``) and its call; at 8%
+    a greeting instead, answered without a call."""
     if rng.random() < 0.08:
         ask, reply = rng.choice(NO_CALL)
         return {"messages": _messages(rng, ask), "tools": tools, "target": reply,

@@ -4,7 +4,10 @@
 in distribution at all, which separates "the generator does not cover hand-written prompts" from
 "the model did not learn the task in its budget" (findings.md, the f-run and the g-run).
 
-    .venv/bin/python recipes/dlm_tiny/probes/open_heldout.py MODEL [MODEL ...] [--per-family 40]
+    .venv/bin/python recipes/dlm_tiny/probes/open_heldout.py MODEL [MODEL ...] [--per-family 40] [--keyed]
+
+``--keyed`` scores the keyed families (open_keys.py) instead; the default set is kept as it was so
+its figures stay comparable across runs (the families are drawn round-robin from one seed).
 """
 
 import argparse
@@ -13,6 +16,7 @@ from dlm_backend import LLM
 from dlm_tiny import corpus, evaluate
 
 OPEN = ["qa_open", "tool_open", "tool_result_open", "json_open"]
+KEYED = ["qa_keyed", "tool_keyed"]
 
 
 def main() -> None:
@@ -20,9 +24,11 @@ def main() -> None:
     ap.add_argument("models", nargs="+")
     ap.add_argument("--per-family", type=int, default=40)
     ap.add_argument("--config", default="threshold 0.95, prefix, block 4")
+    ap.add_argument("--keyed", action="store_true", help="score qa_keyed and tool_keyed instead")
     args = ap.parse_args()
+    families = KEYED if args.keyed else OPEN
     config = evaluate.select_configs(evaluate.default_configs(), args.config)[0]
-    examples = corpus.generate(args.per_family * len(OPEN), seed=evaluate.EVAL_SEED, split="eval", families=OPEN)
+    examples = corpus.generate(args.per_family * len(families), seed=evaluate.EVAL_SEED, split="eval", families=families)
     for model in args.models:
         with LLM(model) as llm:
             prompts = [llm.encode_chat(e.messages, tools=e.tools) for e in examples]
@@ -30,14 +36,14 @@ def main() -> None:
             for i in range(0, len(prompts), 16):
                 texts += [o.text for o in llm.generate(prompt_token_ids=prompts[i:i + 16], sampling_params=config.params)]
         print(f"## {model} ({config.label})")
-        for fam in OPEN:
+        for fam in families:
             scored = [(e, evaluate.score(e, t)) for e, t in zip(examples, texts) if e.family == fam]
             refusals = sum(e.target == corpus.NOT_IN_CONTEXT for e, _ in scored)
             valid = [s["valid"] for _, s in scored if "valid" in s]
             print(f"- {fam}: exact {sum(s['exact'] for _, s in scored)}/{len(scored)}"
                   + (f", valid {sum(valid)}/{len(valid)}" if valid else "")
-                  + (f" ({refusals} to refuse)" if fam == "qa_open" else ""))
-        for e, t in [(e, t) for e, t in zip(examples, texts) if e.family == "qa_open"][:6]:
+                  + (f" ({refusals} to refuse)" if fam.startswith("qa") else ""))
+        for e, t in [(e, t) for e, t in zip(examples, texts) if e.family == families[0]][:6]:
             print(f"  expected {e.target!r} got {t[:80]!r}")
 
 
