@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Callable
 
 from dlm_tiny.entities import Entities
-from dlm_tiny.open_qa import NOT_IN_CONTEXT, _question, qa_messages
+from dlm_tiny.open_qa import NOT_IN_CONTEXT, noisy_question, qa_messages
 from dlm_tiny.open_tool_frames import Frame, P
 from dlm_tiny.open_tools import build_tool, call_example
 from dlm_tiny.open_words import COLOURS, LANGUAGE_NAMES, KINDS, Values
@@ -66,7 +67,7 @@ def _key(rng: random.Random, ent: Entities) -> tuple[str, str]:
     return (f"{mod} {head}" if mod else head), HEADS[head]
 
 
-def _passage(rng: random.Random, facts: dict, subjects: list[str], keys: list[str]) -> tuple[list[str], callable]:
+def _passage(rng: random.Random, facts: dict, subjects: list[str], keys: list[str]) -> tuple[list[str], Callable[[], str]]:
     """(the facts as sentences, a layout of them: prose, lines, bullets, a markdown table, records, JSON)."""
     sentences = []
     for (s, k), v in facts.items():
@@ -120,7 +121,7 @@ def keyed_qa(rng: random.Random, ent: Entities, unanswerable: float = 0.1) -> di
         answer = facts[(s, k)]
     sentences, layout = _passage(rng, facts, subjects, list(keys))
     question = rng.choice(QUESTIONS).format(s=s, k=k, K=k.capitalize())
-    question = _question(rng, question[0].upper() + question[1:])
+    question = noisy_question(rng, question[0].upper() + question[1:])
     messages = qa_messages(rng, sentences, layout, question)
     return {"messages": messages, "target": answer, "expected": {"answer": answer}}
 

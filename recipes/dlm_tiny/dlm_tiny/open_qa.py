@@ -160,7 +160,8 @@ def _layout(rng: random.Random, sentences: list[str], sheets: list[tuple[str, li
     return "\n\n".join(label.format(i=i) + "\n" + d for i, d in enumerate(docs, 1) if d)
 
 
-def _question(rng: random.Random, q: str) -> str:
+def noisy_question(rng: random.Random, q: str) -> str:
+    """``q`` as people type it, 3 times in 10: lower case without the mark, a lead-in, or a doubled mark."""
     style = rng.randrange(10)
     if style == 0:
         return q[0].lower() + q[1:-1]                    # "when was the orvel lighthouse built"
@@ -215,7 +216,7 @@ def open_qa(rng: random.Random, ent: Entities, unanswerable: float = 0.15, hard:
             sheets.append((other, [(RELATIONS[rel][4][0], value)]))
     for _ in range(rng.choice([0, 0, 1, 2, 3])):
         sentences.insert(rng.randrange(len(sentences) + 1), rng.choice(FILLERS))
-    question = _question(rng, rng.choice(RELATIONS[rel][3]).format(s=s))
+    question = noisy_question(rng, rng.choice(RELATIONS[rel][3]).format(s=s))
     question = question[0].upper() + question[1:]
     passage = lambda: _layout(rng, sentences, sheets if not any(f in sentences for f in FILLERS) else None)
     messages = qa_messages(rng, sentences, passage, question)
