@@ -316,8 +316,12 @@ def generate(n: int, seed: int, split: str = "train", families: list[str] | None
         if family == "qa":
             out.append(qa(rng, ent, unanswerable, qa_hard, rag_templates))
         elif family in SCORED_AS:
-            d = open_qa(rng, ent, unanswerable, qa_hard) if family == "qa_open" else \
-                keyed_qa(rng, ent, unanswerable) if family == "qa_keyed" else OPEN_GENERATORS[family](rng, ent)
+            if family == "qa_open":
+                d = open_qa(rng, ent, unanswerable, qa_hard)
+            elif family == "qa_keyed":
+                d = keyed_qa(rng, ent, unanswerable)
+            else:
+                d = OPEN_GENERATORS[family](rng, ent)
             out.append(Example(family, d["messages"], d["target"], d.get("tools"), d["expected"]))
         else:
             out.append(GENERATORS[family](rng, ent))

@@ -86,7 +86,8 @@ def _passage(rng: random.Random, facts: dict, subjects: list[str], keys: list[st
             return "\n\n".join("\n".join([f"Name: {s}"] + [f"{k.capitalize()}: {v}" for (t, k), v in facts.items() if t == s])
                                for s in subjects)
         if style == 2 and full:
-            return json.dumps([{"name": s, **{k: facts[(s, k)] for k in keys}} for s in subjects], indent=rng.choice([None, 2]), ensure_ascii=False)
+            records = [{"name": s, **{k: facts[(s, k)] for k in keys}} for s in subjects]
+            return json.dumps(records, indent=rng.choice([None, 2]), ensure_ascii=False)   # "€5", not "\\u20ac5"
         if style == 3:
             return "\n".join(rng.choice(["- ", "* "]) + t for t in sentences)
         if style == 4:
