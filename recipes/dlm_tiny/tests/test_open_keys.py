@@ -2,12 +2,12 @@
 and the attribute, the verb and the noun), every target scores right, and the keys are open-ended."""
 
 import pytest
-from conftest import assert_grounded
 
 from dlm_backend.chat.tool_calls import parse_tool_calls
 from dlm_tiny import corpus
 from dlm_tiny.evaluate import score
 from dlm_tiny.open_keys import VERBS
+from test_open_corpus import assert_grounded   # the recipe's conftest puts tests/ on the path
 
 KEYED = ["qa_keyed", "tool_keyed"]
 
