@@ -73,7 +73,7 @@ LANGCHAIN_FORMAT = (
     "\n\nHere is the output schema:\n```\n{schema}\n```")
 
 
-def _schema(fields: list[tuple[str, str, object]], titled: bool) -> dict:
+def json_schema(fields: list[tuple[str, str, object]], titled: bool) -> dict:
     props = {}
     for key, kind, _ in fields:
         spec = {"type": "string", "enum": STATUSES} if kind == "enum" else {"type": kind}
@@ -116,32 +116,37 @@ def open_json(rng: random.Random, ent: Entities) -> dict:
         fields = order
     text = " ".join(sentences)
     obj = {k: v for k, _, v in fields}
-    schema = _schema(fields, titled=rng.random() < 0.3)
+    schema = json_schema(fields, titled=rng.random() < 0.3)
+    return {"messages": json_messages(rng, kind, text, fields, schema), "target": json.dumps(obj, ensure_ascii=False),
+            "expected": {"object": obj, "schema": schema}}
+
+
+def json_messages(rng: random.Random, kind: str, text: str, fields: list[tuple[str, str, object]],
+                  schema: dict | None = None) -> list[dict]:
+    """Ask for ``fields`` (key, type, value) from ``text`` in one of the ways applications ask."""
+    schema = schema or json_schema(fields, titled=rng.random() < 0.3)
     keys = ", ".join(k for k, _, _ in fields)
     style = rng.randrange(8)
     if style == 0:
-        messages = [{"role": "user", "content": f"Extract the following fields as JSON: {keys}.\n\nText: {text}"}]
-    elif style == 1:
-        messages = [{"role": "system", "content": f"Respond only with a JSON object that matches this JSON schema: {json.dumps(schema)}"},
-                    {"role": "user", "content": text}]
-    elif style == 2:
-        messages = [{"role": "user", "content": f"{text}\n\nReturn a JSON object with the keys {keys}."}]
-    elif style == 3:
+        return [{"role": "user", "content": f"Extract the following fields as JSON: {keys}.\n\nText: {text}"}]
+    if style == 1:
+        return [{"role": "system", "content": f"Respond only with a JSON object that matches this JSON schema: {json.dumps(schema)}"},
+                {"role": "user", "content": text}]
+    if style == 2:
+        return [{"role": "user", "content": f"{text}\n\nReturn a JSON object with the keys {keys}."}]
+    if style == 3:
         fmt = LANGCHAIN_FORMAT.replace("{schema}", json.dumps(schema))
-        messages = [{"role": "user", "content": f"Extract the {kind} information.\n{fmt}\n{text}"}]
-    elif style == 4:
-        messages = [{"role": "system", "content": "Extract structured data. Reply with JSON only."},
-                    {"role": "user", "content": f"Schema: {json.dumps(schema)}\n\n\"\"\"{text}\"\"\""}]
-    elif style == 5:
+        return [{"role": "user", "content": f"Extract the {kind} information.\n{fmt}\n{text}"}]
+    if style == 4:
+        return [{"role": "system", "content": "Extract structured data. Reply with JSON only."},
+                {"role": "user", "content": f"Schema: {json.dumps(schema)}\n\n\"\"\"{text}\"\"\""}]
+    if style == 5:
         typed = ", ".join(f"{k} ({TYPES[t]})" for k, t, _ in fields)
-        messages = [{"role": "user", "content": f"Convert this into JSON with {typed}: {text}"}]
-    elif style == 6:
+        return [{"role": "user", "content": f"Convert this into JSON with {typed}: {text}"}]
+    if style == 6:
         blank = {k: ({"string": "", "enum": "", "integer": 0, "number": 0, "boolean": False}[t]) for k, t, _ in fields}
-        messages = [{"role": "user", "content": f"Fill in this JSON from the text.\n{json.dumps(blank)}\n\nText: {text}"}]
-    else:
-        messages = [{"role": "user", "content": f"Text: {text}\n\nGive me a JSON object ({keys}). Only JSON, no prose."}]
-    return {"messages": messages, "target": json.dumps(obj, ensure_ascii=False),
-            "expected": {"object": obj, "schema": schema}}
+        return [{"role": "user", "content": f"Fill in this JSON from the text.\n{json.dumps(blank)}\n\nText: {text}"}]
+    return [{"role": "user", "content": f"Text: {text}\n\nGive me a JSON object ({keys}). Only JSON, no prose."}]
 
 
 # -- chat that remembers ---------------------------------------------------------------------------

@@ -18,6 +18,7 @@ import random
 from collections.abc import Callable
 
 from dlm_tiny.entities import Entities
+from dlm_tiny.open_json import json_messages, json_schema
 from dlm_tiny.open_qa import NOT_IN_CONTEXT, noisy_question, qa_messages
 from dlm_tiny.open_tool_frames import Frame, P
 from dlm_tiny.open_tools import build_tool, call_example
@@ -71,8 +72,10 @@ def _passage(rng: random.Random, facts: dict, subjects: list[str], keys: list[st
     """(the facts as sentences, a layout of them: prose, lines, bullets, a markdown table, records, JSON)."""
     sentences = []
     for (s, k), v in facts.items():
-        sentences.append(rng.choice(STATEMENTS).format(s=s, k=k, v=v, a="an" if k[0] in "aeiou" else "a"))
-        sentences[-1] = sentences[-1][0].upper() + sentences[-1][1:]
+        shape = rng.choice(STATEMENTS)
+        sentence = shape.format(s=s, k=k, v=v, a="an" if k[0] in "aeiou" else "a")
+        # a sentence opens with a capital, unless it opens with the value: "joe@x.org" is not "Joe@x.org"
+        sentences.append(sentence if shape.startswith("{v}") else sentence[0].upper() + sentence[1:])
     rng.shuffle(sentences)
     full = all((s, k) in facts for s in subjects for k in keys)
     style = rng.randrange(7)
@@ -125,6 +128,49 @@ def keyed_qa(rng: random.Random, ent: Entities, unanswerable: float = 0.1) -> di
     question = noisy_question(rng, question[0].upper() + question[1:])
     messages = qa_messages(rng, sentences, layout, question)
     return {"messages": messages, "target": answer, "expected": {"answer": answer}}
+
+
+# -- JSON: the schema's keys are the text's words -------------------------------------------------
+JSON_TYPES = {"count": "integer", "year": "integer", "price": "number"}   # every other value is a string
+
+
+def _json_key(words: str, style: int) -> str:
+    """"delivery deadline" as a key: delivery_deadline (snake case) or deliveryDeadline (camel case)."""
+    parts = words.replace("-", " ").split()
+    return "_".join(parts) if style == 0 else parts[0] + "".join(p.capitalize() for p in parts[1:])
+
+
+def keyed_json(rng: random.Random, ent: Entities) -> dict:
+    """Extract 1-5 open-ended attributes of one subject as JSON; the text gives up to 3 more.
+
+    The keys are the attributes' own words, so the model must find each key's words in the text
+    and copy the value there, typed as the schema says (a price's amount as a number).
+    """
+    vals = Values(rng, ent)
+    kind = rng.choice(sorted(KINDS) + ["person"])
+    subject = vals.person() if kind == "person" else vals.subject(kind)
+    keys = {}
+    for _ in range(rng.randint(2, 7)):
+        k, how = _key(rng, ent)
+        keys.setdefault(k, how)
+    facts, fields, style = {}, [], int(rng.random() < 0.3)
+    asked = rng.sample(list(keys), rng.randint(1, min(5, len(keys))))
+    for k, how in keys.items():
+        if how == "price":
+            text, amount = vals.price()
+        else:
+            text = _value(vals, how)
+            amount = int(text) if how in JSON_TYPES else text
+        facts[(subject, k)] = text
+        if k in asked:
+            fields.append((_json_key(k, style), JSON_TYPES.get(how, "string"), amount))
+    rng.shuffle(fields)
+    if rng.random() < 0.4:          # the record's own name first, as most schemas have it
+        fields.insert(0, (rng.choice(["name", "title", "subject"]), "string", subject.removeprefix("the ").strip('"')))
+    sentences, layout = _passage(rng, facts, [subject], list(keys))
+    obj, schema = {k: v for k, _, v in fields}, json_schema(fields, titled=rng.random() < 0.3)
+    return {"messages": json_messages(rng, kind, layout(), fields, schema),
+            "target": json.dumps(obj, ensure_ascii=False), "expected": {"object": obj, "schema": schema}}
 
 
 # -- tools: a task is a verb on a noun ------------------------------------------------------------

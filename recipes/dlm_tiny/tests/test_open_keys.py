@@ -1,6 +1,9 @@
 """The keyed families: answers are found only by reading both halves of the request (the subject
 and the attribute, the verb and the noun), every target scores right, and the keys are open-ended."""
 
+import json
+import re
+
 import pytest
 
 from dlm_backend.chat.tool_calls import parse_tool_calls
@@ -9,7 +12,7 @@ from dlm_tiny.evaluate import score
 from dlm_tiny.open_keys import VERBS
 from test_open_corpus import assert_grounded   # the recipe's conftest puts tests/ on the path
 
-KEYED = ["qa_keyed", "tool_keyed"]
+KEYED = ["qa_keyed", "tool_keyed", "json_keyed"]
 
 
 @pytest.fixture(scope="module")
@@ -53,3 +56,20 @@ def test_tool_calls_pick_the_task_among_tools_sharing_its_verb_or_noun(examples)
 def test_the_verbs_name_distinct_tasks():
     words = [w for names, _, _ in VERBS.values() for w in names]
     assert len(words) == len(set(words))
+
+
+def test_json_keys_are_the_texts_words_and_values_are_copied_typed(examples):
+    rows = [e for e in examples if e.family == "json_keyed"]
+    camel, extra = 0, 0
+    for e in rows:
+        text, obj = e.messages[-1]["content"].lower(), json.loads(e.target)
+        for key, value in obj.items():
+            words = re.sub(r"([A-Z])", r" \1", key).replace("_", " ").lower().split()
+            if key not in ("name", "title", "subject"):
+                assert all(w in text for w in words), (key, text)
+            assert str(value).lower() in text, (value, text)
+            assert isinstance(value, str) or "price" not in key or isinstance(value, (int, float))
+        camel += any(k != k.lower() for k in obj)
+        # the text states attributes the schema does not ask for, so copying every fact is wrong
+        extra += text.count("\n") + text.count(". ") >= len(obj) + 1
+    assert len(rows) == 400 and camel > 50 and extra > len(rows) / 3
