@@ -6,8 +6,9 @@ in distribution at all, which separates "the generator does not cover hand-writt
 
     .venv/bin/python recipes/dlm_tiny/probes/open_heldout.py MODEL [MODEL ...] [--per-family 40] [--keyed]
 
-``--keyed`` scores the keyed families (open_keys.py) instead; the default set is kept as it was so
-its figures stay comparable across runs (the families are drawn round-robin from one seed).
+``--keyed`` scores the keyed families (open_keys.py) instead; each set is kept as it was so its
+figures stay comparable across runs (the families are drawn round-robin from one seed, so a family
+added later is drawn on its own).
 """
 
 import argparse
@@ -17,6 +18,7 @@ from dlm_tiny import corpus, evaluate
 
 OPEN = ["qa_open", "tool_open", "tool_result_open", "json_open"]
 KEYED = ["qa_keyed", "tool_keyed"]
+KEYED_LATER = ["json_keyed"]
 
 
 def main() -> None:
@@ -24,11 +26,13 @@ def main() -> None:
     ap.add_argument("models", nargs="+")
     ap.add_argument("--per-family", type=int, default=40)
     ap.add_argument("--config", default="threshold 0.95, prefix, block 4")
-    ap.add_argument("--keyed", action="store_true", help="score qa_keyed and tool_keyed instead")
+    ap.add_argument("--keyed", action="store_true", help="score the keyed families instead")
     args = ap.parse_args()
-    families = KEYED if args.keyed else OPEN
+    sets = [KEYED] + [[f] for f in KEYED_LATER] if args.keyed else [OPEN]
     config = evaluate.select_configs(evaluate.default_configs(), args.config)[0]
-    examples = corpus.generate(args.per_family * len(families), seed=evaluate.EVAL_SEED, split="eval", families=families)
+    examples = [e for fams in sets for e in corpus.generate(args.per_family * len(fams), seed=evaluate.EVAL_SEED,
+                                                             split="eval", families=fams)]
+    families = [f for fams in sets for f in fams]
     for model in args.models:
         with LLM(model) as llm:
             prompts = [llm.encode_chat(e.messages, tools=e.tools) for e in examples]
