@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 
 from dlm_tiny.entities import CATEGORIES, COLORS, JOBS, ANIMALS, SPORTS, WORDS, Entities
 from dlm_tiny.open_json import open_chat, open_json
-from dlm_tiny.open_keys import keyed_json, keyed_qa, keyed_tool_call
+from dlm_tiny.open_key_tools import keyed_tool_call, keyed_tool_result
+from dlm_tiny.open_keys import keyed_json, keyed_qa
 from dlm_tiny.open_qa import NOT_IN_CONTEXT, open_qa
 from dlm_tiny.open_tools import open_tool_call, open_tool_result
 from dlm_tiny.open_words import IDENTITY
@@ -27,11 +28,11 @@ FAMILIES = {"qa": 0.23, "tool_call": 0.17, "tool_result": 0.09, "json": 0.14, "a
             # stages draw what they drew before (random.choices reads one number per draw)
             "qa_open": 0.0, "tool_open": 0.0, "tool_result_open": 0.0, "json_open": 0.0, "chat_open": 0.0,
             # the request's own words name what it wants (open_keys.py)
-            "qa_keyed": 0.0, "tool_keyed": 0.0, "json_keyed": 0.0}
+            "qa_keyed": 0.0, "tool_keyed": 0.0, "json_keyed": 0.0, "tool_result_keyed": 0.0}
 #: how an open family's answers are scored: as the first family's of the same task
 SCORED_AS = {"qa_open": "qa", "tool_open": "tool_call", "tool_result_open": "tool_result", "json_open": "json",
              "chat_open": "chat", "qa_keyed": "qa", "tool_keyed": "tool_call",
-             "json_keyed": "json"}
+             "json_keyed": "json", "tool_result_keyed": "tool_result"}
 #: what the held-out evaluation scores; ``copy`` is practice only (see :func:`copy_task`).
 EVAL_FAMILIES = ["qa", "tool_call", "tool_result", "json", "arithmetic", "list", "chat"]
 
@@ -295,7 +296,8 @@ def copy_task(rng: random.Random, ent: Entities) -> Example:
 GENERATORS = {"qa": qa, "tool_call": tool_call, "tool_result": tool_result, "json": structured,
               "arithmetic": arithmetic, "list": list_task, "chat": chat, "copy": copy_task}
 OPEN_GENERATORS = {"tool_open": open_tool_call, "tool_result_open": open_tool_result, "json_open": open_json,
-                   "chat_open": open_chat, "tool_keyed": keyed_tool_call, "json_keyed": keyed_json}
+                   "chat_open": open_chat, "tool_keyed": keyed_tool_call, "json_keyed": keyed_json,
+                   "tool_result_keyed": keyed_tool_result}
 
 
 def generate(n: int, seed: int, split: str = "train", families: list[str] | None = None,

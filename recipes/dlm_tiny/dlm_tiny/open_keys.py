@@ -9,6 +9,7 @@ tool at chance on prompts worded otherwise (findings.md, "h1"). Here the attribu
 few hundred tasks), and the distractors share half the key: the same attribute of another subject,
 another attribute of the same subject, the same noun under another verb, the same verb on another
 noun. Only reading both halves of the request and finding them in the prompt gets the answer.
+The tool families are in :mod:`open_key_tools`.
 """
 
 from __future__ import annotations
@@ -20,8 +21,6 @@ from collections.abc import Callable
 from dlm_tiny.entities import Entities
 from dlm_tiny.open_json import json_messages, json_schema
 from dlm_tiny.open_qa import NOT_IN_CONTEXT, noisy_question, qa_messages
-from dlm_tiny.open_tool_frames import Frame, P
-from dlm_tiny.open_tools import build_tool, call_example
 from dlm_tiny.open_words import COLOURS, LANGUAGE_NAMES, KINDS, Values
 
 MODIFIERS = ["", "", "", "maximum", "minimum", "average", "total", "annual", "monthly", "daily", "official", "current",
@@ -52,7 +51,7 @@ QUESTIONS = ["What is the {k} of {s}?", "What's the {k} of {s}?", "What is {s}'s
              "Please state the {k} of {s}.", "{s} - what's its {k}?", "And the {k} of {s}?"]
 
 
-def _value(vals: Values, how: str) -> str:
+def draw_value(vals: Values, how: str) -> str:
     rng, ent = vals.rng, vals.ent
     return {"unit": lambda: f"{rng.choice([rng.randint(1, 999), round(rng.uniform(0.5, 99), 1)])} {rng.choice(UNITS)}",
             "count": lambda: vals.count(1, 9999), "price": lambda: vals.price()[0], "code": lambda: vals.code(),
@@ -61,7 +60,7 @@ def _value(vals: Values, how: str) -> str:
             "word": lambda: ent.name(), "company": ent.company, "language": lambda: rng.choice(LANGUAGE_NAMES)}[how]()
 
 
-def _key(rng: random.Random, ent: Entities) -> tuple[str, str]:
+def draw_key(rng: random.Random, ent: Entities) -> tuple[str, str]:
     """(the attribute's words, how its value is written); 1 in 8 has a made-up modifier."""
     head = rng.choice(sorted(HEADS))
     mod = ent.name().lower() if rng.random() < 0.125 else rng.choice(MODIFIERS)
@@ -107,18 +106,18 @@ def keyed_qa(rng: random.Random, ent: Entities, unanswerable: float = 0.1) -> di
                                   for _ in range(rng.choice([1, 2, 2, 3, 4]))))
     keys, n_keys = {}, rng.randint(1, 4)
     while len(keys) < n_keys:
-        k, how = _key(rng, ent)
+        k, how = draw_key(rng, ent)
         keys[k] = how
     shared = rng.random() < 0.5          # every subject has every key (tables) or each its own few
-    facts = {(s, k): _value(vals, how) for s in subjects for k, how in keys.items()
+    facts = {(s, k): draw_value(vals, how) for s in subjects for k, how in keys.items()
              if shared or rng.random() < 0.6}
     if not facts:
-        facts[(subjects[0], next(iter(keys)))] = _value(vals, next(iter(keys.values())))
+        facts[(subjects[0], next(iter(keys)))] = draw_value(vals, next(iter(keys.values())))
     if rng.random() < unanswerable:
         absent = [(s, k) for s in subjects for k in keys if (s, k) not in facts]
-        s, k = rng.choice(absent) if absent else (rng.choice(subjects), _key(rng, ent)[0])
+        s, k = rng.choice(absent) if absent else (rng.choice(subjects), draw_key(rng, ent)[0])
         if (s, k) in facts:
-            k = _key(rng, ent)[0] + " rating"
+            k = draw_key(rng, ent)[0] + " rating"
         answer = NOT_IN_CONTEXT
     else:
         s, k = rng.choice(sorted(facts))
@@ -151,7 +150,7 @@ def keyed_json(rng: random.Random, ent: Entities) -> dict:
     subject = vals.person() if kind == "person" else vals.subject(kind)
     keys = {}
     for _ in range(rng.randint(2, 7)):
-        k, how = _key(rng, ent)
+        k, how = draw_key(rng, ent)
         keys.setdefault(k, how)
     facts, fields, style = {}, [], int(rng.random() < 0.3)
     asked = rng.sample(list(keys), rng.randint(1, min(5, len(keys))))
@@ -159,7 +158,7 @@ def keyed_json(rng: random.Random, ent: Entities) -> dict:
         if how == "price":
             text, amount = vals.price()
         else:
-            text = _value(vals, how)
+            text = draw_value(vals, how)
             amount = int(text) if how in JSON_TYPES else text
         facts[(subject, k)] = text
         if k in asked:
@@ -171,88 +170,3 @@ def keyed_json(rng: random.Random, ent: Entities) -> dict:
     obj, schema = {k: v for k, _, v in fields}, json_schema(fields, titled=rng.random() < 0.3)
     return {"messages": json_messages(rng, kind, layout(), fields, schema),
             "target": json.dumps(obj, ensure_ascii=False), "expected": {"object": obj, "schema": schema}}
-
-
-# -- tools: a task is a verb on a noun ------------------------------------------------------------
-VERBS = {   # meaning -> (tool-name verbs, how a request says it, how a description says it); {n} the noun
-    "get": (["get", "fetch", "lookup", "read", "retrieve", "show"],
-            ["What is the {n} {pp}?", "Get the {n} {pp}.", "Show me the {n} {pp}.", "Look up the {n} {pp}.",
-             "Can you fetch the {n} {pp}?", "I need the {n} {pp}.", "Check the {n} {pp}."],
-            ["Get the {n}.", "Returns the {n}.", "Look up the {n}.", "Retrieve the current {n}."]),
-    "create": (["create", "add", "new", "make"],
-               ["Create a {n} {pp}.", "Add a new {n} {pp}.", "Please make a {n} {pp}.", "Set up a {n} {pp}.",
-                "Can you add a {n} {pp}?"], ["Create a new {n}.", "Adds a {n}.", "Make a {n} and return it."]),
-    "delete": (["delete", "remove", "cancel"],
-               ["Delete the {n} {pp}.", "Remove the {n} {pp}.", "Cancel the {n} {pp}.", "Get rid of the {n} {pp}.",
-                "Please delete the {n} {pp}."], ["Delete a {n}.", "Removes the {n} permanently.", "Cancel a {n}."]),
-    "update": (["update", "edit", "change", "modify"],
-               ["Update the {n} {pp}.", "Change the {n} {pp}.", "Edit the {n} {pp}.", "Can you update the {n} {pp}?"],
-               ["Update an existing {n}.", "Edits the {n}.", "Change the details of a {n}."]),
-    "search": (["search", "find", "list", "query"],
-               ["Search for {n} {pp}.", "Find {n} {pp}.", "List the {n} {pp}.", "Are there any {n} {pp}?"],
-               ["Search {n} records.", "Find {n} entries matching the filters.", "List {n} items."]),
-    "send": (["send", "share", "forward"],
-             ["Send the {n} {pp}.", "Share the {n} {pp}.", "Forward the {n} {pp}.", "Please send the {n} {pp}."],
-             ["Send a {n}.", "Shares the {n} with someone.", "Forward a {n}."]),
-}
-NOUNS = ["invoice", "order", "support ticket", "playlist", "recipe", "parcel", "stock price", "exchange rate",
-         "train times", "bus schedule", "meeting", "reminder", "calendar event", "contact", "note", "task",
-         "bank balance", "flight status", "hotel room", "table reservation", "movie showtimes", "news headlines",
-         "air quality", "traffic report", "tide times", "pollen count", "sunrise time", "parking spot", "gift card",
-         "coupon", "subscription", "user account", "blog post", "comment", "photo album", "document", "spreadsheet",
-         "shopping list", "wishlist", "product review", "warranty", "insurance quote", "tax rate", "timesheet",
-         "vacation request", "expense report", "lab result", "prescription", "doctor appointment", "gym class",
-         "workout plan", "meal plan", "book loan", "library card", "course grade", "exam date", "job posting",
-         "interview slot", "server status", "error log", "deployment", "pull request", "build status",
-         "database backup", "dns record", "api key", "webhook", "sensor reading", "thermostat setting", "door lock",
-         "fuel price", "ride estimate", "bike rental", "ferry times", "museum tickets", "concert tickets",
-         "sports score", "league table", "player stats", "word definition", "time zone", "holiday calendar",
-         "crypto price", "mortgage rate", "energy usage", "water bill", "phone plan", "data usage", "shipping cost",
-         "return label", "refund", "loyalty points", "seat map", "boarding pass", "visa requirement", "podcast episode",
-         "pet vaccination", "car service", "package tracking", "event ticket", "team roster", "survey result"]
-ARGS = {    # meaning -> (parameter names, how a request gives the value, type, value, description)
-    "ref": ("id ref reference number", ["number {ref}", "#{ref}", "with ID {ref}", "{ref}"], "string",
-            lambda v: v.code(), "The identifier"),
-    "city": ("city location place city_name", ["in {city}", "for {city}", "near {city}"], "string",
-             lambda v: v.place(), "The city"),
-    "date": ("date day on_date when", ["on {date}", "for {date}"], "string", lambda v: v.date(), "The date"),
-    "person": ("name person customer user owner contact_name", ["for {person}", "of {person}", "belonging to {person}"],
-               "string", lambda v: v.person(), "The person's name"),
-    "email": ("email recipient to email_address", ["to {email}", "for {email}"], "string", lambda v: v.email(),
-              "Email address"),
-    "count": ("limit count max_results quantity", ["with a limit of {count}", "up to {count}", "quantity {count}"],
-              "integer", lambda v: v.rng.randint(1, 50), "How many"),
-    "title": ("title query text label", ['titled "{title}"', 'called "{title}"', 'named "{title}"'], "string",
-              lambda v: v.title(), "The title or search text"),
-    "language": ("language lang", ["in {language}"], "string", lambda v: v.rng.choice(LANGUAGE_NAMES), "Language"),
-    "time": ("time at start_time", ["at {time}"], "string", lambda v: v.time(), "The time"),
-}
-
-
-def _frame(rng: random.Random, verb: str, noun: str, meanings: list[str]) -> Frame:
-    """A tool for one task: the verb on the noun, with ``meanings`` as required parameters."""
-    verbs, asks, descs = VERBS[verb]
-    params = {m: P(ARGS[m][0], ARGS[m][2], ARGS[m][3], ARGS[m][4]) for m in meanings}
-    pp = " ".join(rng.choice(ARGS[m][1]) for m in meanings)
-    ask = rng.choice(asks).replace("{n}", noun).replace(" {pp}", f" {pp}" if pp else "")
-    names = tuple((v, noun.replace(" ", "_")) for v in verbs)
-    return Frame(names, tuple(d.format(n=noun) for d in descs), params, tuple(meanings), (ask,))
-
-
-def keyed_tool_call(rng: random.Random, ent: Entities) -> dict:
-    """A request for one task among 1-4 offered tools that share its verb or its noun."""
-    vals = Values(rng, ent)
-    verb, noun = rng.choice(sorted(VERBS)), rng.choice(NOUNS)
-    frame = _frame(rng, verb, noun, rng.sample(sorted(ARGS), rng.choice([0, 1, 1, 2, 2, 3])))
-    tool, names = build_tool(rng, frame)
-    tools, seen = [tool], {tool["function"]["name"]}
-    for _ in range(rng.choice([0, 1, 1, 2, 2, 3])):
-        other = (rng.choice(sorted(set(VERBS) - {verb})), noun) if rng.random() < 0.5 else (verb, rng.choice(NOUNS))
-        if other[1] == noun and other[0] == verb:
-            continue
-        distractor = build_tool(rng, _frame(rng, *other, rng.sample(sorted(ARGS), rng.choice([0, 1, 2]))))[0]
-        if distractor["function"]["name"] not in seen:
-            tools.append(distractor)
-            seen.add(distractor["function"]["name"])
-    rng.shuffle(tools)
-    return call_example(rng, vals, frame, tools, names, tool["function"]["name"])

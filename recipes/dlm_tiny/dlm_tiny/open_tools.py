@@ -98,7 +98,7 @@ def _toolset(rng: random.Random, frame: Frame) -> tuple[list[dict], dict, str]:
     return tools, names, tool["function"]["name"]
 
 
-def _messages(rng: random.Random, text: str) -> list[dict]:
+def request_messages(rng: random.Random, text: str) -> list[dict]:
     if rng.random() < 0.2:
         text = text[0].lower() + text[1:]
     messages = [{"role": "user", "content": rng.choice(AROUND).format(ask=text)}]
@@ -119,11 +119,11 @@ def call_example(rng: random.Random, vals: Values, frame: Frame, tools: list[dic
     a greeting instead, answered without a call."""
     if rng.random() < 0.08:
         ask, reply = rng.choice(NO_CALL)
-        return {"messages": _messages(rng, ask), "tools": tools, "target": reply,
+        return {"messages": request_messages(rng, ask), "tools": tools, "target": reply,
                 "expected": {"no_call": True, "answers": [reply]}}
     text, by_meaning = _request(rng, frame, vals)
     args = {names[m]: v for m, v in by_meaning.items()}
-    return {"messages": _messages(rng, text), "tools": tools, "target": call_text(name, args),
+    return {"messages": request_messages(rng, text), "tools": tools, "target": call_text(name, args),
             "expected": {"name": name, "arguments": args}}
 
 
@@ -138,6 +138,6 @@ def open_tool_result(rng: random.Random, ent: Entities) -> dict:
     call = {"id": f"call_{rng.randint(1000, 99999)}", "type": "function",
             "function": {"name": name, "arguments": json.dumps(args)}}
     answer = frame.answer.format(**by_meaning, **result)     # only what the conversation holds
-    messages = _messages(rng, text) + [{"role": "assistant", "content": "", "tool_calls": [call]},
+    messages = request_messages(rng, text) + [{"role": "assistant", "content": "", "tool_calls": [call]},
                                        {"role": "tool", "tool_call_id": call["id"], "content": json.dumps(result)}]
     return {"messages": messages, "tools": tools, "target": answer, "expected": {"answer": answer, "result": result}}

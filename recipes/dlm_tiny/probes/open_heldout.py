@@ -6,7 +6,7 @@ in distribution at all, which separates "the generator does not cover hand-writt
 
     .venv/bin/python recipes/dlm_tiny/probes/open_heldout.py MODEL [MODEL ...] [--per-family 40] [--keyed]
 
-``--keyed`` scores the keyed families (open_keys.py) instead; each set is kept as it was so its
+``--keyed`` scores the keyed families (open_keys.py, open_key_tools.py) instead; each set is kept as it was so its
 figures stay comparable across runs (the families are drawn round-robin from one seed, so a family
 added later is drawn on its own).
 """
@@ -18,7 +18,7 @@ from dlm_tiny import corpus, evaluate
 
 OPEN = ["qa_open", "tool_open", "tool_result_open", "json_open"]
 KEYED = ["qa_keyed", "tool_keyed"]
-KEYED_LATER = ["json_keyed"]
+KEYED_LATER = ["json_keyed", "tool_result_keyed"]
 
 
 def main() -> None:

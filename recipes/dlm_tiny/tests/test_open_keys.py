@@ -9,10 +9,10 @@ import pytest
 from dlm_backend.chat.tool_calls import parse_tool_calls
 from dlm_tiny import corpus
 from dlm_tiny.evaluate import score
-from dlm_tiny.open_keys import VERBS
+from dlm_tiny.open_key_tools import VERBS
 from test_open_corpus import assert_grounded   # the recipe's conftest puts tests/ on the path
 
-KEYED = ["qa_keyed", "tool_keyed", "json_keyed"]
+KEYED = ["qa_keyed", "tool_keyed", "json_keyed", "tool_result_keyed"]
 
 
 @pytest.fixture(scope="module")
@@ -72,4 +72,16 @@ def test_json_keys_are_the_texts_words_and_values_are_copied_typed(examples):
         camel += any(k != k.lower() for k in obj)
         # the text states attributes the schema does not ask for, so copying every fact is wrong
         extra += text.count("\n") + text.count(". ") >= len(obj) + 1
-    assert len(rows) == 400 and camel > 50 and extra > len(rows) / 3
+    assert len(rows) == 300 and camel > 50 and extra > len(rows) / 3
+
+
+def test_tool_results_state_the_asked_attributes_of_a_record_that_holds_more(examples):
+    rows = [e for e in examples if e.family == "tool_result_keyed"]
+    crowded = 0
+    for e in rows:
+        *_, asked, call, result = e.messages
+        assert call["tool_calls"][0]["function"]["name"] in {t["function"]["name"] for t in e.tools}
+        for value in e.expected["values"]:
+            assert value in result["content"] and value in e.target
+        crowded += result["content"].count(":") > len(e.expected["values"])
+    assert len(rows) == 300 and crowded > len(rows) * 0.6
