@@ -52,6 +52,7 @@ QUESTIONS = ["What is the {k} of {s}?", "What's the {k} of {s}?", "What is {s}'s
 
 
 def draw_value(vals: Values, how: str) -> str:
+    """A value written the way ``how`` (a :data:`HEADS` value) says: "12.5 km", "€40", "Lena Ortiz"."""
     rng, ent = vals.rng, vals.ent
     return {"unit": lambda: f"{rng.choice([rng.randint(1, 999), round(rng.uniform(0.5, 99), 1)])} {rng.choice(UNITS)}",
             "count": lambda: vals.count(1, 9999), "price": lambda: vals.price()[0], "code": lambda: vals.code(),
