@@ -122,9 +122,8 @@ def open_json(rng: random.Random, ent: Entities) -> dict:
 
 
 def json_messages(rng: random.Random, kind: str, text: str, fields: list[tuple[str, str, object]],
-                  schema: dict | None = None) -> list[dict]:
-    """Ask for ``fields`` (key, type, value) from ``text`` in one of the ways applications ask."""
-    schema = schema or json_schema(fields, titled=rng.random() < 0.3)
+                  schema: dict) -> list[dict]:
+    """Ask for ``fields`` (key, type, value) of ``schema`` from ``text`` in one of the ways applications ask."""
     keys = ", ".join(k for k, _, _ in fields)
     style = rng.randrange(8)
     if style == 0:

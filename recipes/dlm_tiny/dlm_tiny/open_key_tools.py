@@ -14,7 +14,7 @@ import random
 from dlm_tiny.entities import Entities
 from dlm_tiny.open_keys import QUESTIONS, draw_key, draw_value
 from dlm_tiny.open_tool_frames import Frame, P
-from dlm_tiny.open_tools import build_tool, call_example, request_messages
+from dlm_tiny.open_tools import build_tool, call_example, request_messages, result_turns
 from dlm_tiny.open_words import LANGUAGE_NAMES, Values
 
 VERBS = {   # meaning -> (tool-name verbs, how a request says it, how a description says it); {n} the noun
@@ -127,9 +127,7 @@ def keyed_tool_result(rng: random.Random, ent: Entities) -> dict:
     answer = answer[0].upper() + answer[1:]
     result = {k.replace(" ", "_"): v for k, v in record.items()}
     content = json.dumps(result, ensure_ascii=False) if rng.random() < 0.7 else "\n".join(f"{k}: {v}" for k, v in record.items())
-    call = {"id": f"call_{rng.randint(1000, 99999)}", "type": "function",
-            "function": {"name": tool["function"]["name"], "arguments": json.dumps({names[meaning]: arg})}}
-    messages = request_messages(rng, ask[0].upper() + ask[1:]) + [{"role": "assistant", "content": "", "tool_calls": [call]},
-                                                          {"role": "tool", "tool_call_id": call["id"], "content": content}]
+    turns = result_turns(rng, tool["function"]["name"], {names[meaning]: arg}, content)
+    messages = request_messages(rng, ask[0].upper() + ask[1:]) + turns
     return {"messages": messages, "tools": _distracted(rng, "get", noun, tool), "target": answer,
             "expected": {"answer": answer, "values": [record[k] for k in asked]}}

@@ -135,9 +135,15 @@ def open_tool_result(rng: random.Random, ent: Entities) -> dict:
     text, by_meaning = _request(rng, frame, vals)
     args = {names[m]: v for m, v in by_meaning.items()}
     result = frame.result(vals, by_meaning)
+    turns = result_turns(rng, name, args, json.dumps(result))
+    answer = frame.answer.format(**by_meaning, **result)     # only what the conversation holds
+    messages = request_messages(rng, text) + turns
+    return {"messages": messages, "tools": tools, "target": answer, "expected": {"answer": answer, "result": result}}
+
+
+def result_turns(rng: random.Random, name: str, args: dict, content: str) -> list[dict]:
+    """The assistant's call to ``name`` and the tool's reply ``content``, as OpenAI messages."""
     call = {"id": f"call_{rng.randint(1000, 99999)}", "type": "function",
             "function": {"name": name, "arguments": json.dumps(args)}}
-    answer = frame.answer.format(**by_meaning, **result)     # only what the conversation holds
-    messages = request_messages(rng, text) + [{"role": "assistant", "content": "", "tool_calls": [call]},
-                                       {"role": "tool", "tool_call_id": call["id"], "content": json.dumps(result)}]
-    return {"messages": messages, "tools": tools, "target": answer, "expected": {"answer": answer, "result": result}}
+    return [{"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": call["id"], "content": content}]
