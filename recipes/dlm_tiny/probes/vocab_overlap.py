@@ -36,6 +36,7 @@ def main() -> None:
     ap.add_argument("--replies", nargs="*", default=[], help="replies.jsonl files of hand-written evals")
     args = ap.parse_args()
     families = [kv.split("=")[0] for kv in args.family_weights.split(",")]
+    # Any training seed will do: the count is of the mix's wording, which every seed draws alike.
     seen = collections.Counter(w for e in corpus.generate(args.examples, seed=123, families=families)
                                for w in words(e.messages))
     items = handwritten.load()
@@ -48,8 +49,7 @@ def main() -> None:
         pieces = sum(len(tok.encode(w).ids) for w in ws) / len(ws)
         unseen = sum(seen[w] == 0 for w in ws) / len(ws)
         print(f"{name}: {len(ws)} words, {pieces:.2f} tokenizer pieces a word, never in the mix {100 * unseen:.1f}%")
-    share = {i["id"]: sum(seen[w] == 0 for w in words(i["messages"])) / max(1, len(words(i["messages"])))
-             for i in items}
+    share = {i["id"]: sum(seen[w] == 0 for w in ws) / max(1, len(ws)) for i, ws in zip(items, sets["hand-written"])}
     for path in args.replies:
         right = {r["id"]: r["correct"] for r in map(json.loads, Path(path).read_text().splitlines())
                  if r["config"].startswith("default")}           # the model's own decoding
