@@ -18,9 +18,11 @@ from dlm_tiny.open_keys import keyed_json, keyed_qa
 from dlm_tiny.open_qa import NOT_IN_CONTEXT, open_qa
 from dlm_tiny.open_tools import open_tool_call, open_tool_result
 from dlm_tiny.open_words import IDENTITY
+from dlm_tiny.prose_qa import ProseBank, prose_qa
 from dlm_tiny.rag_templates import framework_rag
 from dlm_tiny.tools_catalog import SCHEMAS, make_call
 from dlm_backend.chat.tool_calls import call_text
+from dlm_backend.errors import DLMError
 
 FAMILIES = {"qa": 0.23, "tool_call": 0.17, "tool_result": 0.09, "json": 0.14, "arithmetic": 0.08, "list": 0.09,
             "chat": 0.05, "copy": 0.15,
@@ -28,11 +30,13 @@ FAMILIES = {"qa": 0.23, "tool_call": 0.17, "tool_result": 0.09, "json": 0.14, "a
             # stages draw what they drew before (random.choices reads one number per draw)
             "qa_open": 0.0, "tool_open": 0.0, "tool_result_open": 0.0, "json_open": 0.0, "chat_open": 0.0,
             # the request's own words name what it wants (open_keys.py)
-            "qa_keyed": 0.0, "tool_keyed": 0.0, "json_keyed": 0.0, "tool_result_keyed": 0.0}
+            "qa_keyed": 0.0, "tool_keyed": 0.0, "json_keyed": 0.0, "tool_result_keyed": 0.0,
+            # news passages and a teacher's questions (prose_qa.py): needs ``prose_bank``
+            "qa_prose": 0.0}
 #: how an open family's answers are scored: as the first family's of the same task
 SCORED_AS = {"qa_open": "qa", "tool_open": "tool_call", "tool_result_open": "tool_result", "json_open": "json",
              "chat_open": "chat", "qa_keyed": "qa", "tool_keyed": "tool_call",
-             "json_keyed": "json", "tool_result_keyed": "tool_result"}
+             "json_keyed": "json", "tool_result_keyed": "tool_result", "qa_prose": "qa"}
 #: what the held-out evaluation scores; ``copy`` is practice only (see :func:`copy_task`).
 EVAL_FAMILIES = ["qa", "tool_call", "tool_result", "json", "arithmetic", "list", "chat"]
 
@@ -302,17 +306,19 @@ OPEN_GENERATORS = {"tool_open": open_tool_call, "tool_result_open": open_tool_re
 
 def generate(n: int, seed: int, split: str = "train", families: list[str] | None = None,
              weights: dict[str, float] | None = None, unanswerable: float = 0.15,
-             qa_hard: float = 0.0, rag_templates: float = 0.0) -> list[Example]:
+             qa_hard: float = 0.0, rag_templates: float = 0.0, prose_bank: str = "") -> list[Example]:
     """``n`` examples; families drawn by weight, or round-robin over ``families`` when given.
 
     ``weights`` overrides some of :data:`FAMILIES` and ``unanswerable`` is the share of QA questions
     whose answer is not in the context, ``qa_hard`` the share with a same-attribute distractor
     (see :func:`qa`), ``rag_templates`` the share in a RAG framework's own prompt: training mixes
     (the held-out set keeps the defaults, so a stage over-sampling a skill is scored on the usual mix).
+    ``prose_bank`` is the question file ``qa_prose`` draws from (:class:`prose_qa.ProseBank`).
     """
     rng = random.Random(seed)
     ent = Entities(rng, split)
     names, mix = zip(*{**FAMILIES, **(weights or {})}.items())
+    bank = ProseBank(prose_bank, held_out=split != "train") if prose_bank else None
     out = []
     for i in range(n):
         family = families[i % len(families)] if families else rng.choices(names, mix)[0]
@@ -323,6 +329,11 @@ def generate(n: int, seed: int, split: str = "train", families: list[str] | None
                 d = open_qa(rng, ent, unanswerable, qa_hard)
             elif family == "qa_keyed":
                 d = keyed_qa(rng, ent, unanswerable)
+            elif family == "qa_prose":
+                if bank is None:
+                    raise DLMError("the qa_prose family reads a question bank: pass --prose-bank "
+                                   "(probes/write_prose_questions.py writes one), or give qa_prose no weight")
+                d = prose_qa(rng, bank, unanswerable)
             else:
                 d = OPEN_GENERATORS[family](rng, ent)
             out.append(Example(family, d["messages"], d["target"], d.get("tools"), d["expected"]))

@@ -95,6 +95,8 @@ class TrainConfig:
     # Share of QA prompts written as LlamaIndex and LangChain send them (rag_templates.py): y4 refused
     # LlamaIndex's query prompt though the answer was in it.
     rag_templates: float = 0.0
+    # The question bank of the qa_prose family (prose_qa.py): news passages, a teacher's questions.
+    prose_bank: str = ""
     # Start layers 0-1 with a built induction circuit (circuits.py says why): on the induction task
     # copy loss falls 8.3 -> 1.0 in 100 steps with it and stays at chance for 800 without. It stays
     # frozen; a stage started with --init-from must use the first stage's setting.
@@ -218,7 +220,7 @@ def train(cfg: TrainConfig, stop_at: int | None = None) -> Path:
     torch.manual_seed(cfg.seed)
     examples = corpus.generate(cfg.num_examples, seed=cfg.seed, split="train",
                                weights=weights, unanswerable=cfg.unanswerable, qa_hard=cfg.qa_hard,
-                               rag_templates=cfg.rag_templates)
+                               rag_templates=cfg.rag_templates, prose_bank=cfg.prose_bank)
     model_dir = out / "model"
     if cfg.init_from:     # a second stage keeps the first stage's vocabulary
         tok = Tokenizer.from_file(str(Path(cfg.init_from) / "tokenizer.json"))

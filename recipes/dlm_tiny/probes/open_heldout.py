@@ -5,10 +5,11 @@ in distribution at all, which separates "the generator does not cover hand-writt
 "the model did not learn the task in its budget" (findings.md, the f-run and the g-run).
 
     .venv/bin/python recipes/dlm_tiny/probes/open_heldout.py MODEL [MODEL ...] [--per-family 40] [--keyed]
+        [--prose-bank BANK]
 
 ``--keyed`` scores the keyed families (open_keys.py, open_key_tools.py) instead; each set is kept as it was so its
 figures stay comparable across runs (the families are drawn round-robin from one seed, so a family
-added later is drawn on its own).
+added later is drawn on its own). ``--prose-bank`` scores qa_prose on the bank's held-out articles.
 """
 
 import argparse
@@ -27,11 +28,12 @@ def main() -> None:
     ap.add_argument("--per-family", type=int, default=40)
     ap.add_argument("--config", default="threshold 0.95, prefix, block 4")
     ap.add_argument("--keyed", action="store_true", help="score the keyed families instead")
+    ap.add_argument("--prose-bank", default="", help="score qa_prose on this bank's held-out articles instead")
     args = ap.parse_args()
-    sets = [KEYED] + [[f] for f in KEYED_LATER] if args.keyed else [OPEN]
+    sets = [["qa_prose"]] if args.prose_bank else [KEYED] + [[f] for f in KEYED_LATER] if args.keyed else [OPEN]
     config = evaluate.select_configs(evaluate.default_configs(), args.config)[0]
     examples = [e for fams in sets for e in corpus.generate(args.per_family * len(fams), seed=evaluate.EVAL_SEED,
-                                                             split="eval", families=fams)]
+                                                             split="eval", families=fams, prose_bank=args.prose_bank)]
     families = [f for fams in sets for f in fams]
     for model in args.models:
         with LLM(model) as llm:
