@@ -2,6 +2,10 @@
 
 Self-contained: weights, hyperparameters and tokenizer all come from the GGUF file
 (read with `gguf`), the tokenizer is rebuilt with `tokenizers`; no `transformers`.
+About 200 tokens/s at batch 16 on 2 cores. At 135M parameters it is a weak writer: asked for a
+question whose answer is a given span, it wrote one that it then answered with that span on 7 of
+96 news sentences; asked to put a rule-built question in the usual word order (prose_qa.py), it
+kept the question on 1098 of 3710 (findings.md, "n2").
 """
 import functools
 import sys
