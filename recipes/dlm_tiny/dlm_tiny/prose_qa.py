@@ -117,8 +117,9 @@ def echo_question(sentence: str, span: str) -> str | None:
         return None                      # a fragment ("has been jailed in Jamaica"), or the answer far from the end
     if before.rstrip().endswith(("-", "/", " and", " or")) or after.startswith(("-", "/")):
         return None                      # a score, a range or a list: "the 19-13 defeat", "Monday and Tuesday"
-    if re.fullmatch(r"[\d,.]+\s?(million|billion)", span) and after_words and re.fullmatch(r"[a-zA-Z]+s", after_words[0]):
-        wh, after = f"how many {after_words[0]}", " " + " ".join(after_words[1:])
+    counted = after_words[0] if after_words and re.fullmatch(r"[a-zA-Z]+s", after_words[0]) else None
+    if re.fullmatch(r"[\d,.]+\s?(million|billion)", span) and counted:
+        wh, after = f"how many {counted}", " " + " ".join(after_words[1:])
     elif re.fullmatch(r"[$£€]?\s?[\d,.]+\s?(bn|m|million|billion)?", span) and (span[0] in "$£€" or span[-1] in "nm"):
         wh = "how much"
     elif span.endswith(("%", "per cent")):
@@ -127,8 +128,8 @@ def echo_question(sentence: str, span: str) -> str | None:
         if not re.search(r"\b(in|on)\s*$", before, re.I):
             return None
         wh, before = "when", re.sub(r"\b(in|on)\s*$", "", before.rstrip(), flags=re.I) + " "
-    elif re.fullmatch(r"[\d,.]+", span) and after_words and re.fullmatch(r"[a-z]+s", after_words[0]):
-        wh, after = f"how many {after_words[0]}", " " + " ".join(after_words[1:])
+    elif re.fullmatch(r"[\d,.]+", span) and counted and counted.islower():
+        wh, after = f"how many {counted}", " " + " ".join(after_words[1:])
     elif re.fullmatch(r"[\d,.]+ [a-z]+", span):
         wh = f"how many {span.split()[-1]}"
     elif re.fullmatch(r"[\d,.$£€%]+.*", span):

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-gguf = pytest.importorskip("gguf")
+gguf = pytest.importorskip("gguf", reason="the teacher reads GGUF files: pip install -e \"recipes/dlm_tiny[teacher]\"")
 
 from dlm_tiny.teacher import load_teacher  # noqa: E402
 
