@@ -19,6 +19,7 @@ from dlm_tiny.open_qa import NOT_IN_CONTEXT, open_qa
 from dlm_tiny.open_tools import open_tool_call, open_tool_result
 from dlm_tiny.open_words import IDENTITY
 from dlm_tiny.prose_qa import ProseBank, prose_qa
+from dlm_tiny.prose_text import prose_text
 from dlm_tiny.rag_templates import framework_rag
 from dlm_tiny.tools_catalog import SCHEMAS, make_call
 from dlm_backend.chat.tool_calls import call_text
@@ -31,8 +32,9 @@ FAMILIES = {"qa": 0.23, "tool_call": 0.17, "tool_result": 0.09, "json": 0.14, "a
             "qa_open": 0.0, "tool_open": 0.0, "tool_result_open": 0.0, "json_open": 0.0, "chat_open": 0.0,
             # the request's own words name what it wants (open_keys.py)
             "qa_keyed": 0.0, "tool_keyed": 0.0, "json_keyed": 0.0, "tool_result_keyed": 0.0,
-            # news passages and a teacher's questions (prose_qa.py): needs ``prose_bank``
-            "qa_prose": 0.0}
+            # news passages and a teacher's questions (prose_qa.py), and the same articles as plain
+            # text to denoise (prose_text.py): both need ``prose_bank``
+            "qa_prose": 0.0, "text_prose": 0.0}
 #: how an open family's answers are scored: as the first family's of the same task
 SCORED_AS = {"qa_open": "qa", "tool_open": "tool_call", "tool_result_open": "tool_result", "json_open": "json",
              "chat_open": "chat", "qa_keyed": "qa", "tool_keyed": "tool_call",
@@ -322,6 +324,9 @@ def generate(n: int, seed: int, split: str = "train", families: list[str] | None
     out = []
     for i in range(n):
         family = families[i % len(families)] if families else rng.choices(names, mix)[0]
+        if family in ("qa_prose", "text_prose") and bank is None:
+            raise DLMError(f"the {family} family reads a question bank and its articles: pass --prose-bank "
+                           f"(probes/write_prose_questions.py writes one), or give {family} no weight")
         if family == "qa":
             out.append(qa(rng, ent, unanswerable, qa_hard, rag_templates))
         elif family in SCORED_AS:
@@ -330,13 +335,12 @@ def generate(n: int, seed: int, split: str = "train", families: list[str] | None
             elif family == "qa_keyed":
                 d = keyed_qa(rng, ent, unanswerable)
             elif family == "qa_prose":
-                if bank is None:
-                    raise DLMError("the qa_prose family reads a question bank: pass --prose-bank "
-                                   "(probes/write_prose_questions.py writes one), or give qa_prose no weight")
                 d = prose_qa(rng, bank, unanswerable)
             else:
                 d = OPEN_GENERATORS[family](rng, ent)
             out.append(Example(family, d["messages"], d["target"], d.get("tools"), d["expected"]))
+        elif family == "text_prose":      # no conversation: see train.encode_examples
+            out.append(Example(family, [], prose_text(rng, bank)))
         else:
             out.append(GENERATORS[family](rng, ent))
     return out

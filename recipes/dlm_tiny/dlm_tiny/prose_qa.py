@@ -21,6 +21,7 @@ import json
 import random
 import re
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 from dlm_tiny.open_qa import NOT_IN_CONTEXT, noisy_question, qa_messages
@@ -221,6 +222,11 @@ class ProseBank:
         self.items = [r for r in rows if self.articles[r["article"]].held_out == held_out]
         if not self.items:
             raise ValueError(f"{path}: no {'held-out' if held_out else 'training'} questions")
+
+    @cached_property
+    def training_articles(self) -> list[Article]:
+        """Articles that are not held out (text_prose draws from these whatever the split)."""
+        return [a for _, a in sorted(self.articles.items()) if not a.held_out]
 
     def passage(self, rng: random.Random, item: dict) -> list[str]:
         """The asked paragraph and up to two neighbours, under :data:`MAX_PASSAGE_CHARS`."""

@@ -39,6 +39,7 @@ from dlm_tiny.circuits import build_copy_circuit, freeze_copy_circuit, freeze_pa
 from dlm_tiny.pointer import build_pointer_head, pointer_parts
 from dlm_tiny.objective import PackedBatches, diffusion_loss
 from dlm_tiny.checkpoint import build_tokenizer, model_config, write_checkpoint_files
+from dlm_tiny.template import EOS
 from dlm_tiny.checks import (TRAINING_KEY, check_flags, check_init_from, check_resume, check_weights,
                                          saved_flags, training_settings)
 
@@ -149,8 +150,11 @@ def parse_weights(spec: str) -> dict[str, float]:
 def encode_examples(examples: list[corpus.Example], chat: ChatTokenizer, max_len: int) -> list[tuple[list[int], list[int]]]:
     pairs = []
     for ex in examples:
-        prompt = chat.encode(chat.apply_chat_template(ex.messages, tools=ex.tools))
-        reply = chat.encode(ex.target + "<|im_end|>")
+        if ex.messages:
+            prompt = chat.encode(chat.apply_chat_template(ex.messages, tools=ex.tools))
+            reply = chat.encode(ex.target + "<|im_end|>")
+        else:   # plain text (text_prose): one EOS before it, as between documents, and all of it to denoise
+            prompt, reply = chat.encode(EOS), chat.encode(ex.target)
         if len(prompt) + len(reply) + 1 <= max_len:
             pairs.append((prompt, reply))
     return pairs

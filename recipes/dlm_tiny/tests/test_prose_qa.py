@@ -1,6 +1,6 @@
-"""The qa_prose family: questions built by rule over real sentences answer with a span of the passage."""
+"""The qa_prose family: questions built by rule over real sentences answer with a span of the passage
+(the ``bank`` fixture is in conftest.py)."""
 
-import json
 import random
 
 import pytest
@@ -8,7 +8,7 @@ import pytest
 from dlm_backend.errors import DLMError
 from dlm_tiny import corpus
 from dlm_tiny.open_qa import NOT_IN_CONTEXT
-from dlm_tiny.prose_qa import ProseBank, accept, candidates, echo_question, load_articles, prose_qa, spans
+from dlm_tiny.prose_qa import ProseBank, accept, echo_question, prose_qa, spans
 
 
 @pytest.mark.parametrize("sentence, span, question", [
@@ -46,22 +46,6 @@ def test_accept_keeps_a_rewrite_that_asks_the_same_thing():
     assert accept(echo, echo, "$750m") is None                                             # nothing new
 
 
-@pytest.fixture
-def bank(tmp_path):
-    root = tmp_path / "news"
-    for i in range(20):
-        body = [f"Harbour Board {i} said the town of Orvel{i} had {100 + i} boats last year.",
-                f"Sales at the Orvel{i} market fell {i + 2}% over Christmas, hit by warm weather.",
-                f"The Orvel{i} lighthouse was opened in {1800 + i} by the harbour board."]
-        (root / "a").mkdir(parents=True, exist_ok=True)
-        (root / "a" / f"{i:03d}.txt").write_text(f"Orvel story {i}\n\n" + "\n\n".join(body) + "\n")
-    picks = candidates(load_articles(root), random.Random(0), per_article=3)
-    path = tmp_path / "bank.jsonl"
-    path.write_text("".join(json.dumps({**p, "rewrite": None}) + "\n" for p in picks))
-    path.with_suffix(".json").write_text(json.dumps({"articles": str(root)}))
-    return path
-
-
 def test_prose_qa_answers_with_a_span_of_its_passage(bank):
     train, held = ProseBank(bank), ProseBank(bank, held_out=True)
     assert {i["article"] for i in train.items}.isdisjoint({i["article"] for i in held.items})
@@ -76,6 +60,7 @@ def test_prose_qa_answers_with_a_span_of_its_passage(bank):
     assert 20 < refusals < 100
 
 
-def test_qa_prose_without_a_bank_names_the_flag():
-    with pytest.raises(DLMError, match="--prose-bank"):
-        corpus.generate(5, seed=0, weights={"qa_prose": 1.0})
+@pytest.mark.parametrize("family", ["qa_prose", "text_prose"])
+def test_a_prose_family_without_a_bank_names_the_flag(family):
+    with pytest.raises(DLMError, match=f"{family}.*--prose-bank"):
+        corpus.generate(5, seed=0, weights={family: 1.0})
