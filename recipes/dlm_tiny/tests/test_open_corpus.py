@@ -108,4 +108,5 @@ def test_older_corpora_draw_what_they_drew_before():
         digest.update(json.dumps(e.to_json(), sort_keys=True).encode())
     assert digest.hexdigest() == "7719db92b044dcfb3b43eb9773af01c2fab7e2477c848170dd640fe0dae68d80"
     later = list(corpus.FAMILIES)[list(corpus.FAMILIES).index("copy") + 1:]
-    assert later == OPEN + ["qa_keyed", "tool_keyed", "json_keyed", "tool_result_keyed", "qa_prose"] and all(corpus.FAMILIES[f] == 0 for f in later)
+    assert later == OPEN + ["qa_keyed", "tool_keyed", "json_keyed", "tool_result_keyed", "qa_prose",
+                            "text_prose"] and all(corpus.FAMILIES[f] == 0 for f in later)
