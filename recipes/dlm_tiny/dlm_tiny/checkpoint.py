@@ -14,7 +14,7 @@ from dlm_backend.engine.params import CHECKPOINT_DEFAULTS_KEY, checkpoint_defaul
 from dlm_tiny.template import CHAT_TEMPLATE, EOS, MASK, SPECIAL_TOKENS, TOOL_TOKENS
 
 if TYPE_CHECKING:
-    from dlm_tiny.train import TrainConfig
+    from dlm_tiny.train_config import TrainConfig
 
 
 def build_tokenizer(texts: list[str], vocab_size: int) -> Tokenizer:

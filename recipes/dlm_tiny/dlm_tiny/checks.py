@@ -16,7 +16,7 @@ import torch
 from dlm_backend.errors import DLMError
 
 if TYPE_CHECKING:
-    from dlm_tiny.train import TrainConfig
+    from dlm_tiny.train_config import TrainConfig
 
 #: Flags a resumed run may change: how long it runs, how often it saves, the precision of its products.
 #: ``precision`` too: weights and optimiser state are float32 either way, so a bf16 run can go on in float32.

@@ -58,7 +58,7 @@ def _write(out: str, rows: list[dict], table: str) -> Path:
 
 @hookimpl
 def register_commands(subparsers):
-    from dlm_tiny.train import TrainConfig
+    from dlm_tiny.train_config import TrainConfig
 
     p = subparsers.add_parser("train", help="train dlm-tiny from scratch (masked-diffusion SFT)")
     for f in fields(TrainConfig):

@@ -6,7 +6,7 @@ from dataclasses import replace
 import pytest
 
 from dlm_backend.errors import DLMError
-from dlm_tiny import corpus
+from dlm_tiny import corpus, drills
 from dlm_tiny.evaluate import (default_configs, evaluate, format_table, groups, held_out, score, select_configs,
                                wilson)
 from dlm_tiny.train import train
@@ -42,7 +42,7 @@ def test_wilson_interval_shows_how_little_fifty_prompts_say():
 
 def test_a_chat_turn_with_tools_on_offer_accepts_every_reply_of_its_group():
     ex = next(e for e in corpus.generate(200, seed=3, families=["tool_call"]) if e.expected.get("no_call"))
-    others = next(answers for _, answers in corpus.CHAT if ex.target in answers)
+    others = next(answers for _, answers in drills.CHAT if ex.target in answers)
     for reply in others:
         assert score(ex, reply) == {"valid": True, "exact": True}
     assert score(ex, "Paris.")["exact"] is False
