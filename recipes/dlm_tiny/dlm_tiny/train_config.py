@@ -57,7 +57,8 @@ class TrainConfig:
     # Share of QA prompts written as LlamaIndex and LangChain send them (rag_templates.py): y4 refused
     # LlamaIndex's query prompt though the answer was in it.
     rag_templates: float = 0.0
-    # The question bank of the qa_prose family (prose_qa.py): news passages, a teacher's questions.
+    # The question bank of the qa_prose family (prose_qa.py): news passages, a teacher's questions;
+    # text_prose (prose_text.py) denoises the same bank's training articles.
     prose_bank: str = ""
     # Start layers 0-1 with a built induction circuit (circuits.py says why): on the induction task
     # copy loss falls 8.3 -> 1.0 in 100 steps with it and stays at chance for 800 without. It stays

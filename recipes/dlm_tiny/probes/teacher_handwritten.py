@@ -3,10 +3,10 @@ model 23 times dlm-tiny's size, trained on trillions of tokens, makes of the sam
 
 Each item is rendered exactly as dlm-tiny sees it (its ChatML template with Hermes tools; SmolLM2's own
 template is ChatML without tools) and decoded greedily, one token a step, up to 128 tokens like
-`dlm eval --set handwritten`. SmolLM2 writes calls as a JSON list inside the tags, so a second score
-reads ``<tool_call>[{...}]</tool_call>`` as the call it holds. The GGUF is Q4_1, dequantised.
+`dlm eval --set handwritten`. SmolLM2's model card has calls written as a JSON list inside the tags,
+so a second score reads ``<tool_call>[{...}]</tool_call>`` as the call it holds. The GGUF is Q4_1, dequantised.
 
-    python recipes/dlm_tiny/probes/teacher_handwritten.py --cache runs/prose/downloads   # ~10 min on 2 cores
+    python recipes/dlm_tiny/probes/teacher_handwritten.py --cache runs/prose/downloads   # 3 min on 2 cores
 """
 
 import argparse
