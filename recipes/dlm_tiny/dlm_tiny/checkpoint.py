@@ -38,9 +38,12 @@ def build_tokenizer(texts: list[str], vocab_size: int) -> Tokenizer:
 
 
 def model_config(cfg: TrainConfig, tok: Tokenizer) -> dict:
+    """config.json: a Dream checkpoint, or with ``--block-size`` a Fast-dLLM v2 one (the same layers)."""
     eos = tok.token_to_id(EOS)
+    family = ({"architectures": ["Fast_dLLM_QwenForCausalLM"], "model_type": "Fast_dLLM_Qwen", "bd_size": cfg.block_size}
+              if cfg.block_size else {"architectures": ["DreamModel"], "model_type": "Dream"})
     return {
-        "architectures": ["DreamModel"], "model_type": "Dream", "hidden_act": "silu",
+        **family, "hidden_act": "silu",
         "hidden_size": cfg.hidden_size, "intermediate_size": cfg.intermediate_size,
         "num_hidden_layers": cfg.num_layers, "num_attention_heads": cfg.num_heads,
         "num_key_value_heads": cfg.num_kv_heads, "vocab_size": tok.get_vocab_size(),
@@ -59,14 +62,17 @@ def model_config(cfg: TrainConfig, tok: Tokenizer) -> dict:
 #: On s6 the default was 73.4% and 97.8% at 0.519 passes per token (``llada`` 72.8%, 99.5%); on the
 #: shipped y6r it is 76.4% and 99.0% at 0.453 (``llada`` 76.2%, 99.2% at 2.171; findings.md).
 SAMPLING_DEFAULTS = {"sampler": "threshold", "threshold": 0.95, "block_length": 4, "cache": "prefix"}
+#: The block layout's decoding (``--block-size``): Fast-dLLM v2's sampler in the checkpoint's own blocks.
+BLOCK_SAMPLING_DEFAULTS = {"sampler": "fastdllm2", "threshold": 0.9, "sub_block_length": 8, "cache": "dual"}
 
 
 def write_checkpoint_files(folder: Path, config: dict, tok: Tokenizer) -> None:
     """Everything but the weights, laid out exactly as a hub checkpoint. The decoding defaults go
     through the engine's own reader first, so a checkpoint the engine would refuse is never written."""
+    defaults = BLOCK_SAMPLING_DEFAULTS if config.get("bd_size") else SAMPLING_DEFAULTS
     generation = {"eos_token_id": config["eos_token_id"], "pad_token_id": config["pad_token_id"],
-                  "mask_token_id": config["mask_token_id"], CHECKPOINT_DEFAULTS_KEY: SAMPLING_DEFAULTS}
-    checkpoint_defaults(generation, "dlm_tiny.checkpoint.SAMPLING_DEFAULTS")
+                  "mask_token_id": config["mask_token_id"], CHECKPOINT_DEFAULTS_KEY: defaults}
+    checkpoint_defaults(generation, "dlm_tiny.checkpoint." + ("BLOCK_" if config.get("bd_size") else "") + "SAMPLING_DEFAULTS")
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(config, indent=2))
     (folder / "generation_config.json").write_text(json.dumps(generation, indent=2))

@@ -68,6 +68,12 @@ def check_flags(cfg: TrainConfig) -> None:
     if cfg.pointer_layer and not cfg.copy_circuit:
         raise DLMError(f"--pointer-layer {cfg.pointer_layer} copies through the copy circuit, which "
                        f"--no-copy-circuit turns off: pass --pointer-layer 0 with it")
+    if cfg.block_size < 0 or cfg.block_size > cfg.max_len:
+        raise DLMError(f"--block-size {cfg.block_size}: give 0 (the Dream layout) or a block of 1..--max-len "
+                       f"({cfg.max_len}) positions, e.g. 8")
+    if cfg.block_size and (cfg.prompt_mask_prob or cfg.ar_until):
+        raise DLMError(f"--block-size {cfg.block_size} trains replies block by block, with no whole-prompt masking "
+                       f"and no autoregressive start (block_layout.py); pass --prompt-mask-prob 0 --ar-until 0")
     if cfg.init_from and not (Path(cfg.init_from) / "config.json").is_file():
         raise DLMError(f"--init-from {cfg.init_from}: no config.json there; give the checkpoint folder "
                        f"(a run's model/ folder, or dlm_backend/assets/dlm-tiny)")

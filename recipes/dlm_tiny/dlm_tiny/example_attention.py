@@ -13,6 +13,9 @@ so only ``--precision bf16`` runs use it (probes/bench_train_step.py).
 
 Plugged in as the forward context's attention backend (``ForwardContext(ExampleAttention(...))``),
 so the model code is unchanged.
+
+The block layout (``--block-size``, block_layout.py) narrows each example's mask further with
+:func:`block_visible`.
 """
 
 from __future__ import annotations
@@ -28,15 +31,27 @@ MATH_UP_TO = 128
 BUCKETS = (32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048)
 
 
+def block_visible(q_block: torch.Tensor, q_noisy: torch.Tensor, k_block: torch.Tensor,
+                  k_noisy: torch.Tensor) -> torch.Tensor:
+    """Which keys a query of a block-layout example sees (arguments broadcast: queries ``[..., S, 1]``,
+    keys ``[..., 1, S]``). A clean token sees the clean tokens of its own block and every earlier one,
+    as the engine's cache passes compute them; a noisy token sees the clean tokens of earlier blocks
+    and the noisy tokens of its own block, as a denoise pass reads the cache and feeds its block."""
+    clean_key = ~k_noisy & (k_block <= q_block - q_noisy.long())
+    return clean_key | (k_noisy & q_noisy & (k_block == q_block))
+
+
 class ExampleAttention:
     """Per-example attention over a packed ``[B, L]`` batch flattened to ``T = B * L`` tokens.
 
     ``ex``: ``[B, L]`` example index of each token, ``-1`` for a row's unused tail (whose output is 0:
     no loss reads it and no example sees it). ``causal``: ``[E]`` bool, examples that attend causally.
-    Each example's tokens must be contiguous in its row, as PackedBatches lays them out.
+    Each example's tokens must be contiguous in its row, as PackedBatches lays them out. ``block`` and
+    ``noisy`` (``[B, L]``, the block layout's) restrict each example further by :func:`block_visible`.
     """
 
-    def __init__(self, ex: torch.Tensor, causal: torch.Tensor):
+    def __init__(self, ex: torch.Tensor, causal: torch.Tensor, block: torch.Tensor | None = None,
+                 noisy: torch.Tensor | None = None):
         flat, dev = ex.reshape(-1), ex.device                                     # [T]
         self.tokens = flat.numel()
         used = (flat >= 0).nonzero(as_tuple=True)[0]                              # [U] flat indices
@@ -56,6 +71,9 @@ class ExampleAttention:
             valid = offs[None, :] < length[members, None]                         # [n, S]
             index = torch.where(valid, start[members, None] + offs, 0)            # [n, S] into [T]
             keep = valid[:, None, :] & (~causal[members, None, None] | (offs[None, :, None] >= offs[None, None, :]))
+            if block is not None:
+                b, n = block.reshape(-1)[index], noisy.reshape(-1)[index]         # [n, S]
+                keep &= block_visible(b[:, :, None], n[:, :, None], b[:, None, :], n[:, None, :])
             # a padded query row sees key 0 alone: an all-False row would make SDPA return NaN
             keep |= ~valid[:, :, None] & (offs == 0)[None, None, :]
             self.groups.append((index, valid, keep[:, None]))                     # mask [n, 1, S, S]

@@ -24,29 +24,39 @@ import torch.nn.functional as F
 
 from dlm_backend.engine.layers import ForwardContext, forward_context
 from dlm_backend.errors import DLMError
-from dlm_tiny.example_attention import ExampleAttention
+from dlm_tiny.block_layout import first_slots, lay_out, layout_length
+from dlm_tiny.example_attention import ExampleAttention, block_visible
 from dlm_tiny.row_attention import RowAttention
 
 
 @dataclass
 class PackedBatch:
-    """One optimiser step. ``ids``, ``pos``, ``ex`` are ``[B, L]``: token, position within its example,
-    and the example's index in ``prompt_len``/``reply_len`` (``-1`` for the unused tail of a row)."""
+    """One optimiser step. ``ids``, ``pos``, ``ex``, ``noisy`` are ``[B, L]``: token, position within its
+    example, the example's index in ``prompt_len``/``reply_len`` (``-1`` for the unused tail of a row),
+    and whether the token is in the block layout's noisy copy (block_layout.py; none in the Dream layout)."""
 
     ids: torch.Tensor
     pos: torch.Tensor
     ex: torch.Tensor
+    noisy: torch.Tensor
     prompt_len: torch.Tensor      # [E]
     reply_len: torch.Tensor       # [E] reply with its end-of-turn token, before the EOS run
+    block_size: int = 0           # 0: the Dream layout
 
     @property
     def attend(self) -> torch.Tensor:
-        """``[B, L, L]``: a token sees exactly the tokens of its own example (the tail sees the tail)."""
-        return self.ex[:, :, None] == self.ex[:, None, :]
+        """``[B, L, L]``: a token sees exactly the tokens of its own example (the tail sees the tail),
+        in the block layout only those :func:`block_visible` allows."""
+        same = self.ex[:, :, None] == self.ex[:, None, :]
+        if not self.block_size:
+            return same
+        blk = self.pos // self.block_size
+        return same & block_visible(blk[:, :, None], self.noisy[:, :, None], blk[:, None, :], self.noisy[:, None, :])
 
     def to(self, device: torch.device | str) -> PackedBatch:
         """The batch on ``device`` (batches are built on the CPU, from Python lists)."""
-        return PackedBatch(*(t.to(device) for t in (self.ids, self.pos, self.ex, self.prompt_len, self.reply_len)))
+        return PackedBatch(*(t.to(device) for t in (self.ids, self.pos, self.ex, self.noisy, self.prompt_len,
+                                                    self.reply_len)), self.block_size)
 
 
 class PackedBatches:
@@ -57,10 +67,15 @@ class PackedBatches:
     reply and fill the rest of its canvas), drawn uniformly or, with ``pad_dist="log"``,
     log-uniformly: short runs as often as long ones on a log scale, so a run up to 256 costs a mean
     of 46 EOS tokens an example instead of 128 and still shows every canvas length.
+
+    ``block_size`` > 0 lays each example out in the block layout (block_layout.py): its reply blocks
+    twice. An EOS run is cut to fit the row; examples whose reply does not fit are left out.
     """
 
     def __init__(self, pairs: list[tuple[list[int], list[int]]], seed: int, max_len: int, rows: int,
-                 max_extra_pad: int, eos: int, pad_dist: str = "uniform"):
+                 max_extra_pad: int, eos: int, pad_dist: str = "uniform", block_size: int = 0):
+        self.block_size = block_size
+        pairs = [(p, r) for p, r in pairs if layout_length(len(p) + len(r) + 1, len(p), block_size) <= max_len]
         self.pairs, self.seed, self.max_len, self.rows = pairs, seed, max_len, rows
         self.max_extra_pad, self.eos, self.pad_dist = max_extra_pad, eos, pad_dist
         self._epochs: dict[int, list[list[list[tuple[int, int]]]]] = {}
@@ -75,7 +90,7 @@ class PackedBatches:
             batches, batch, row, used = [], [], [], 0
             for j in order:
                 extra = self._extra(rng)
-                n = min(self.max_len, len(self.pairs[j][0]) + len(self.pairs[j][1]) + extra)
+                n = self._length(j, extra)
                 if used + n > self.max_len:           # the row is full: start the next one
                     batch.append(row)
                     row, used = [], 0
@@ -90,6 +105,11 @@ class PackedBatches:
             self._epochs = {epoch: batches}           # keep one epoch's plan in memory
             self._lengths[epoch] = len(batches)
         return self._epochs[epoch]
+
+    def _length(self, j: int, extra: int) -> int:
+        """Tokens example ``j`` takes in its row with an EOS run of ``extra``."""
+        prompt, reply = self.pairs[j]
+        return min(self.max_len, layout_length(len(prompt) + len(reply) + extra, len(prompt), self.block_size))
 
     def _extra(self, rng: random.Random) -> int:
         """One example's EOS run, 1..``max_extra_pad``."""
@@ -110,20 +130,25 @@ class PackedBatches:
         ids = torch.full((B, L), self.eos, dtype=torch.long)
         pos = torch.zeros(B, L, dtype=torch.long)
         ex = torch.full((B, L), -1, dtype=torch.long)
+        noisy = torch.zeros(B, L, dtype=torch.bool)
         prompt_len, reply_len = [], []
         for r, row in enumerate(plan):
             at = 0
             for j, extra in row:
                 prompt, reply = self.pairs[j]
-                tokens = (prompt + reply + [self.eos] * extra)[:L - at]
+                clean = prompt + reply + [self.eos] * extra
+                while layout_length(len(clean), len(prompt), self.block_size) > L - at:   # cut the EOS run
+                    clean.pop()
+                tokens, positions, copy = lay_out(clean, len(prompt), self.block_size)
                 n = len(tokens)
                 ids[r, at:at + n] = torch.tensor(tokens)
-                pos[r, at:at + n] = torch.arange(n)
+                pos[r, at:at + n] = torch.tensor(positions)
                 ex[r, at:at + n] = len(prompt_len)
+                noisy[r, at:at + n] = torch.tensor(copy)
                 prompt_len.append(len(prompt))
-                reply_len.append(min(len(reply), n - len(prompt)))
+                reply_len.append(min(len(reply), len(clean) - len(prompt)))
                 at += n
-        return PackedBatch(ids, pos, ex, torch.tensor(prompt_len), torch.tensor(reply_len))
+        return PackedBatch(ids, pos, ex, noisy, torch.tensor(prompt_len), torch.tensor(reply_len), self.block_size)
 
 
 def sample_mask(batch: PackedBatch, gen: torch.Generator, t_min: float,
@@ -134,14 +159,18 @@ def sample_mask(batch: PackedBatch, gen: torch.Generator, t_min: float,
     t ~ U(t_min, 1) per example and every eligible token is masked with probability t (LLaDA). An
     SFT example's eligible tokens are its reply and EOS run; a prompt-masked example's are all but
     its first token (Dream predicts position i from output i - 1, so position 0 has no predictor).
+    In the block layout only the noisy copy's reply and EOS slots are eligible, never a block's first
+    slot (block_layout.py), and no prompt is masked.
     """
     E, dev = batch.prompt_len.shape[0], batch.ids.device
     # drawn from the CPU generator whatever the device: a run's masks are the same on CPU and GPU
     t = t_min + (1 - t_min) * torch.rand(E, generator=gen).to(dev)
-    whole = torch.rand(E, generator=gen).to(dev) < prompt_mask_prob
+    whole = (torch.rand(E, generator=gen).to(dev) < prompt_mask_prob) & (batch.block_size == 0)
     ex = batch.ex.clamp_min(0)
     start = torch.where(whole, 1, batch.prompt_len)[ex]                     # [B, L]
     eligible = (batch.ex >= 0) & (batch.pos >= start)
+    if batch.block_size:
+        eligible &= batch.noisy & (batch.pos % batch.block_size != 0)
     masked = eligible & (torch.rand(batch.ids.shape, generator=gen).to(dev) < t[ex])
     return masked, t, whole
 
@@ -165,6 +194,9 @@ def diffusion_loss(model, batch: PackedBatch, mask_id: int, gen: torch.Generator
     ``per_example=False`` attends over whole rows under a block-diagonal mask instead of
     :class:`ExampleAttention`'s length buckets: the same loss, slower; probes/bench_train_step.py
     times the two.
+
+    In the block layout (block_layout.py) each reply block's first token is read autoregressively from
+    the clean copy, at weight 1 as the causal examples' tokens are.
     """
     B, L = batch.ids.shape
     masked, t, whole = sample_mask(batch, gen, t_min, prompt_mask_prob)
@@ -174,20 +206,24 @@ def diffusion_loss(model, batch: PackedBatch, mask_id: int, gen: torch.Generator
     masked &= ~causal_tok
     noisy = torch.where(masked, torch.full_like(batch.ids, mask_id), batch.ids)
     if per_example:
-        backend = ExampleAttention(batch.ex, causal)
+        blocks = batch.pos // batch.block_size if batch.block_size else None
+        backend = ExampleAttention(batch.ex, causal, blocks, batch.noisy)
     else:
         own_past = batch.pos[:, None, :] <= batch.pos[:, :, None]
         backend = RowAttention(B, L, batch.attend & (~causal_tok[:, :, None] | own_past))
     # triton=False: training runs the layers' torch code, which autograd differentiates
     with forward_context(ForwardContext(backend, triton=False)):
         hidden = model(noisy.reshape(-1), batch.pos.reshape(-1)).view(B, L, -1)    # [B, L, D]
-    target = masked | (causal_tok & (batch.pos >= 1))
-    b, i = target.nonzero(as_tuple=True)
+    read_ar = causal_tok & (batch.pos >= 1)                                          # [B, L]
+    if batch.block_size:
+        read_ar |= in_example & first_slots(batch.pos, batch.noisy, batch.prompt_len[batch.ex.clamp_min(0)],
+                                            batch.block_size)
+    b, i = (masked | read_ar).nonzero(as_tuple=True)
     e = batch.ex[b, i]
     in_reply = batch.pos[b, i] < (batch.prompt_len + batch.reply_len)[e]
     logits = model.compute_logits(hidden[b, i - 1])                                # [M, V]
     ce = F.cross_entropy(logits, batch.ids[b, i], reduction="none")
-    ce = ce * torch.where(in_reply, 1.0, pad_weight) / torch.where(causal, 1.0, t)[e]
+    ce = ce * torch.where(in_reply, 1.0, pad_weight) / torch.where(read_ar[b, i], 1.0, t[e])
     supervised = torch.where(whole | causal, batch.prompt_len - 1, 0) + batch.reply_len  # [E]
     summed = torch.zeros_like(t).index_add_(0, e, ce)                               # [E]
     return (summed / supervised.clamp_min(1)).mean()

@@ -201,7 +201,7 @@ def train(cfg: TrainConfig, stop_at: int | None = None) -> Path:
         log_path.unlink()
     (out / "train_config.json").write_text(json.dumps(asdict(cfg), indent=2))
     batch_at = PackedBatches(pairs, cfg.seed, cfg.max_len, cfg.rows, cfg.max_extra_pad, config["eos_token_id"],
-                             cfg.pad_dist)
+                             cfg.pad_dist, cfg.block_size)
     model.train()
     bar = tqdm(total=cfg.steps, initial=step, desc="train dlm-tiny")
     start = time.time() - elapsed

@@ -89,3 +89,7 @@ class TrainConfig:
     # Compile each layer's dense parts with torch.compile (compiled.py): 1.18x a bf16 step on 2 cores,
     # for about 10 s of compiling at the start. Same objective; roundings differ from an eager run.
     compile: bool = False
+    # 0: the Dream layout, every position sees the whole sequence. N: the block layout
+    # (block_layout.py), a Fast-dLLM v2 checkpoint decoded in blocks of N; a stage may convert a
+    # Dream-layout checkpoint with --init-from. It takes --prompt-mask-prob 0 and --ar-until 0.
+    block_size: int = 0
