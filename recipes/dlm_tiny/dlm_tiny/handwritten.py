@@ -222,15 +222,19 @@ def groups(items: list[dict], results: list) -> dict[str, list]:
 # -- running it -----------------------------------------------------------------------------------
 
 def configs(llm, max_tokens: int = 128) -> list:
-    """The checkpoint's own decoding (its generation_config, as an application gets it) and llada at
-    one token a pass for comparison."""
+    """The checkpoint's own decoding (its generation_config, as an application gets it) and one token
+    a pass for comparison: llada, or for a block-layout checkpoint Fast-dLLM v2's sampler in its blocks."""
     from dlm_backend import SamplingParams
-    from dlm_tiny.evaluate import EvalConfig
+    from dlm_tiny.evaluate import EvalConfig, block_configs
 
     own = llm.sampling_params(max_tokens=max_tokens)
+    block = own.block_length or llm.engine.model_args.block_size
+    sub = f", sub-block {own.sub_block_length}" if own.sub_block_length else ""
+    label = f"default: {own.sampler} {own.threshold}, {own.cache}, block {block}{sub}"
+    if llm.engine.model_args.block_size:
+        return [EvalConfig(label, own), block_configs(max_tokens)[0]]
     llada = SamplingParams(max_tokens=max_tokens, block_length=32, sampler="llada", steps=max_tokens, cache="dual")
-    return [EvalConfig(f"default: {own.sampler} {own.threshold}, {own.cache}, block {own.block_length}", own),
-            EvalConfig("llada 1 tok/step, dual", llada)]
+    return [EvalConfig(label, own), EvalConfig("llada 1 tok/step, dual", llada)]
 
 
 def evaluate(model: str | None = None, path: str | Path | None = None, max_tokens: int = 128,
@@ -265,24 +269,27 @@ def _row(label: str, group: str, results: list, wall: float) -> dict:
         return sum(marks) / len(marks) if marks else None
     values = sum(s.get("n_values", 0) for s, _ in results)
     passes = sum(o.num_forward_passes for _, o in results)
+    cache_passes = sum(o.num_cache_passes for _, o in results)
     tokens = sum(max(1, o.num_generated_tokens) for _, o in results)
     hits = sum(s["correct"] for s, _ in results)
     return {"config": label, "group": group, "n": len(results), "correct": hits / len(results),
             "correct_ci95": wilson(hits, len(results)), "valid": share("valid"), "name": share("name"),
             "values": sum(s.get("values", 0) for s, _ in results) / values if values else None,
-            "passes_per_token": passes / tokens, "wall_s": wall if group == "all" else None}
+            "passes_per_token": passes / tokens, "cache_passes_per_token": cache_passes / tokens,
+            "wall_s": wall if group == "all" else None}
 
 
 def format_table(rows: list[dict]) -> str:
     """correct: the whole answer right (tool calls: name and arguments; JSON: every value); valid:
-    a parseable call or object; name: one call, of the right tool; values: JSON values right."""
+    a parseable call or object; name: one call, of the right tool; values: JSON values right;
+    passes/token: denoising passes, and cache passes apart (evaluate.format_table says why)."""
     pct = lambda v: "" if v is None else f"{100 * v:.1f}%"      # noqa: E731
-    lines = ["| config | group | n | correct | 95% CI | valid | name | values | passes/token | wall s |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| config | group | n | correct | 95% CI | valid | name | values | passes/token | cache passes/token "
+             "| wall s |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         low, high = r["correct_ci95"]
         wall = "" if r["wall_s"] is None else f"{r['wall_s']:.0f}"
         lines.append(f"| {r['config']} | {r['group']} | {r['n']} | {pct(r['correct'])} | {100 * low:.0f}-"
                      f"{100 * high:.0f}% | {pct(r['valid'])} | {pct(r['name'])} | {pct(r['values'])} | "
-                     f"{r['passes_per_token']:.3f} | {wall} |")
+                     f"{r['passes_per_token']:.3f} | {r['cache_passes_per_token']:.3f} | {wall} |")
     return "\n".join(lines)
