@@ -62,8 +62,8 @@ def block_configs(max_tokens: int = 64) -> list[EvalConfig]:
     """A block-layout checkpoint (``--block-size``) in its own blocks: Fast-dLLM v2's sampler one
     token a pass (threshold 1: only the most confident slot), and in parallel over sub-blocks."""
     base = SamplingParams(max_tokens=max_tokens, sampler="fastdllm2", cache="dual")
-    return [EvalConfig("fastdllm2 1 tok/step", base.replace(threshold=1.0)),
-            *(EvalConfig(f"fastdllm2 {th}, sub-block {sub}", base.replace(threshold=th, sub_block_length=sub))
+    return [EvalConfig("fastdllm2 1 tok/step, dual", base.replace(threshold=1.0)),
+            *(EvalConfig(f"fastdllm2 {th}, dual, sub-block {sub}", base.replace(threshold=th, sub_block_length=sub))
               for th, sub in ((0.9, 8), (0.9, 4), (0.95, 4), (0.8, 8)))]
 
 
