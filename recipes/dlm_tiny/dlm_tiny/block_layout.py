@@ -5,7 +5,9 @@ Served, a Fast-dLLM v2 checkpoint decodes blocks of N positions aligned to posit
 reads the next block's first token at the position before it, autoregressively; denoise passes feed
 the block with its other slots masked and read the cache. Training computes both in one forward pass,
 as Fast-dLLM v2 and SDAR train: each example clean, then a noisy copy of the blocks that hold its reply
-(the prompt's tail in the first of them stays clean), under :func:`example_attention.block_visible`.
+(the prompt's tail in the first of them is in the copy unmasked, as a denoise pass feeds it), under
+:func:`example_attention.block_visible`. The EOS run after a reply goes on to its block's end
+(objective.PackedBatches), since a served canvas is whole blocks.
 The loss reads
 
 * each masked slot of the noisy copy from the noisy output before it (the same block: Dream's shift),
@@ -23,7 +25,8 @@ import torch
 
 
 def noisy_start(prompt_len: int, block_size: int) -> int:
-    """Where an example's noisy copy starts: the block holding its first reply token."""
+    """Where an example's noisy copy starts: the block holding its first reply token, the engine's
+    first decoded block (``BlockSequence.block_start``, ``(P // L) * L``)."""
     return prompt_len // block_size * block_size
 
 
@@ -42,5 +45,7 @@ def lay_out(tokens: list[int], prompt_len: int, block_size: int) -> tuple[list[i
 
 
 def first_slots(pos: torch.Tensor, noisy: torch.Tensor, prompt_len: torch.Tensor, block_size: int) -> torch.Tensor:
-    """``[B, L]``: clean reply tokens that start a block, read autoregressively (``prompt_len`` per token)."""
+    """``[B, L]``: clean reply tokens that start a block, read autoregressively (``prompt_len`` per token).
+    Never position 0, which has no output before it; the engine skips the autoregressive read there
+    too (``BlockSequence.plan``: ``... and start``)."""
     return ~noisy & (pos % block_size == 0) & (pos >= prompt_len) & (pos >= 1)

@@ -22,12 +22,14 @@ def _train(args) -> int:
 def _eval(args) -> int:
     if args.set != "heldout":
         return _eval_handwritten(args)
-    from dlm_tiny.evaluate import default_configs, evaluate, format_table, plot, select_configs
+    from dlm_tiny.evaluate import block_configs, default_configs, evaluate, format_table, plot, select_configs
 
-    configs = default_configs(64 if args.max_tokens is None else args.max_tokens, args.block_length)
+    max_tokens = 64 if args.max_tokens is None else args.max_tokens
+    configs = None          # every config of the checkpoint's kind
     if args.configs:
-        configs = select_configs(configs, args.configs)
-    rows = evaluate(args.model, per_family=args.per_family, configs=configs)
+        configs = select_configs(default_configs(max_tokens, args.block_length) + block_configs(max_tokens), args.configs)
+    rows = evaluate(args.model, per_family=args.per_family, configs=configs, max_tokens=max_tokens,
+                    block_length=args.block_length)
     out = _write(args.out, rows, format_table(rows))
     if plot(rows, out / "accuracy_vs_passes.png"):
         print(f"plot: {out / 'accuracy_vs_passes.png'}")

@@ -54,7 +54,6 @@ def default_configs(max_tokens: int = 64, block_length: int = 32) -> list[EvalCo
         # 76.4%, llada 76.2% (s6 73.4% and 72.8%, p3 69.6% and 69.0%).
         EvalConfig("threshold 0.95, prefix, block 4", base.replace(sampler="threshold", threshold=0.95,
                                                                    cache="prefix", block_length=min(4, block_length))),
-        *block_configs(max_tokens),
     ]
 
 
@@ -149,8 +148,9 @@ def groups(examples: list[corpus.Example], results: list) -> dict[str, list]:
 
 
 def evaluate(model: str | None = None, per_family: int = 50, configs: list[EvalConfig] | None = None,
-             batch_size: int = 16) -> list[dict]:
-    """One row per (config, family) plus an ``all`` row per config."""
+             batch_size: int = 16, max_tokens: int = 64, block_length: int = 32) -> list[dict]:
+    """One row per (config, family) plus an ``all`` row per config; without ``configs``, every
+    config of the checkpoint's kind (:func:`block_configs` for a block-layout checkpoint)."""
     if not isinstance(per_family, int) or isinstance(per_family, bool) or per_family < 1:
         raise DLMError(f"per_family (--per-family) is the number of held-out prompts per task family: got "
                        f"{per_family!r}, give 1 or more (e.g. 20).")
@@ -158,7 +158,10 @@ def evaluate(model: str | None = None, per_family: int = 50, configs: list[EvalC
     rows = []
     with LLM(model) as llm:          # the last handle frees the shared engine's weights and caches
         prompts = [llm.encode_chat(e.messages, tools=e.tools) for e in examples]
-        for cfg in configs or default_configs():
+        if not configs:
+            block = llm.engine.model_args.block_size
+            configs = block_configs(max_tokens) if block else default_configs(max_tokens, block_length)
+        for cfg in configs:
             rows += _score_config(llm, cfg, examples, prompts, batch_size)
     return rows
 

@@ -72,8 +72,8 @@ class ExampleAttention:
             index = torch.where(valid, start[members, None] + offs, 0)            # [n, S] into [T]
             keep = valid[:, None, :] & (~causal[members, None, None] | (offs[None, :, None] >= offs[None, None, :]))
             if block is not None:
-                b, n = block.reshape(-1)[index], noisy.reshape(-1)[index]         # [n, S]
-                keep &= block_visible(b[:, :, None], n[:, :, None], b[:, None, :], n[:, None, :])
+                blk, copy = block.reshape(-1)[index], noisy.reshape(-1)[index]   # [n, S]
+                keep &= block_visible(blk[:, :, None], copy[:, :, None], blk[:, None, :], copy[:, None, :])
             # a padded query row sees key 0 alone: an all-False row would make SDPA return NaN
             keep |= ~valid[:, :, None] & (offs == 0)[None, None, :]
             self.groups.append((index, valid, keep[:, None]))                     # mask [n, 1, S, S]

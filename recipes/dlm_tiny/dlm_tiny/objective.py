@@ -68,14 +68,21 @@ class PackedBatches:
     log-uniformly: short runs as often as long ones on a log scale, so a run up to 256 costs a mean
     of 46 EOS tokens an example instead of 128 and still shows every canvas length.
 
-    ``block_size`` > 0 lays each example out in the block layout (block_layout.py): its reply blocks
-    twice. An EOS run is cut to fit the row; examples whose reply does not fit are left out.
+    ``block_size`` > 0 lays each example out in the block layout (block_layout.py): clean, then a noisy
+    copy from the block holding its first reply token. Its EOS run is drawn as above and then runs
+    on to the end of its block, as a served canvas does (engine/blocks.py decodes whole blocks); a
+    cut to fit a row ends on a block boundary too. Examples whose reply and one EOS do not fit
+    ``max_len`` in this layout are left out; ``dropped`` counts them.
     """
 
     def __init__(self, pairs: list[tuple[list[int], list[int]]], seed: int, max_len: int, rows: int,
                  max_extra_pad: int, eos: int, pad_dist: str = "uniform", block_size: int = 0):
         self.block_size = block_size
-        pairs = [(p, r) for p, r in pairs if layout_length(len(p) + len(r) + 1, len(p), block_size) <= max_len]
+        if block_size:
+            kept = [(p, r) for p, r in pairs if layout_length(len(p) + len(r) + 1, len(p), block_size) <= max_len]
+            self.dropped, pairs = len(pairs) - len(kept), kept
+        else:                    # encode_examples already keeps the examples that fit max_len
+            self.dropped = 0
         self.pairs, self.seed, self.max_len, self.rows = pairs, seed, max_len, rows
         self.max_extra_pad, self.eos, self.pad_dist = max_extra_pad, eos, pad_dist
         self._epochs: dict[int, list[list[list[tuple[int, int]]]]] = {}
@@ -89,7 +96,7 @@ class PackedBatches:
             rng.shuffle(order)
             batches, batch, row, used = [], [], [], 0
             for j in order:
-                extra = self._extra(rng)
+                extra = self._to_block_end(j, self._extra(rng))
                 n = self._length(j, extra)
                 if used + n > self.max_len:           # the row is full: start the next one
                     batch.append(row)
@@ -105,6 +112,13 @@ class PackedBatches:
             self._epochs = {epoch: batches}           # keep one epoch's plan in memory
             self._lengths[epoch] = len(batches)
         return self._epochs[epoch]
+
+    def _to_block_end(self, j: int, extra: int) -> int:
+        """The EOS run ``extra``, lengthened in the block layout so the example ends on a block boundary."""
+        if not self.block_size:
+            return extra
+        n = len(self.pairs[j][0]) + len(self.pairs[j][1]) + extra
+        return extra + -n % self.block_size
 
     def _length(self, j: int, extra: int) -> int:
         """Tokens example ``j`` takes in its row with an EOS run of ``extra``."""
@@ -139,6 +153,8 @@ class PackedBatches:
                 clean = prompt + reply + [self.eos] * extra
                 while layout_length(len(clean), len(prompt), self.block_size) > L - at:   # cut the EOS run
                     clean.pop()
+                while self.block_size and len(clean) % self.block_size and len(clean) > len(prompt) + len(reply) + 1:
+                    clean.pop()                       # a cut block ends where a block does
                 tokens, positions, copy = lay_out(clean, len(prompt), self.block_size)
                 n = len(tokens)
                 ids[r, at:at + n] = torch.tensor(tokens)
@@ -199,12 +215,14 @@ def diffusion_loss(model, batch: PackedBatch, mask_id: int, gen: torch.Generator
     the clean copy, at weight 1 as the causal examples' tokens are.
     """
     B, L = batch.ids.shape
+    if batch.block_size and ar_prob:
+        raise ValueError("the block layout has no autoregressive examples (block_layout.py): ar_prob must be 0")
     masked, t, whole = sample_mask(batch, gen, t_min, prompt_mask_prob)
     causal = torch.rand(t.shape, generator=gen).to(t.device) < ar_prob              # [E]
     in_example = batch.ex >= 0
     causal_tok = causal[batch.ex.clamp_min(0)] & in_example                         # [B, L]
     masked &= ~causal_tok
-    noisy = torch.where(masked, torch.full_like(batch.ids, mask_id), batch.ids)
+    inputs = torch.where(masked, torch.full_like(batch.ids, mask_id), batch.ids)
     if per_example:
         blocks = batch.pos // batch.block_size if batch.block_size else None
         backend = ExampleAttention(batch.ex, causal, blocks, batch.noisy)
@@ -213,7 +231,7 @@ def diffusion_loss(model, batch: PackedBatch, mask_id: int, gen: torch.Generator
         backend = RowAttention(B, L, batch.attend & (~causal_tok[:, :, None] | own_past))
     # triton=False: training runs the layers' torch code, which autograd differentiates
     with forward_context(ForwardContext(backend, triton=False)):
-        hidden = model(noisy.reshape(-1), batch.pos.reshape(-1)).view(B, L, -1)    # [B, L, D]
+        hidden = model(inputs.reshape(-1), batch.pos.reshape(-1)).view(B, L, -1)   # [B, L, D]
     read_ar = causal_tok & (batch.pos >= 1)                                          # [B, L]
     if batch.block_size:
         read_ar |= in_example & first_slots(batch.pos, batch.noisy, batch.prompt_len[batch.ex.clamp_min(0)],

@@ -202,6 +202,9 @@ def train(cfg: TrainConfig, stop_at: int | None = None) -> Path:
     (out / "train_config.json").write_text(json.dumps(asdict(cfg), indent=2))
     batch_at = PackedBatches(pairs, cfg.seed, cfg.max_len, cfg.rows, cfg.max_extra_pad, config["eos_token_id"],
                              cfg.pad_dist, cfg.block_size)
+    if batch_at.dropped:
+        print(f"block layout: {batch_at.dropped} of {len(pairs)} examples do not fit --max-len {cfg.max_len} with "
+              f"their reply twice and are left out")
     model.train()
     bar = tqdm(total=cfg.steps, initial=step, desc="train dlm-tiny")
     start = time.time() - elapsed

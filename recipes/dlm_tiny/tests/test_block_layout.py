@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+import torch.nn.functional as F
 from safetensors.torch import load_file
 
 from dlm_backend import LLM
@@ -64,6 +65,52 @@ def test_a_block_row_computes_the_engines_cache_and_denoise_passes(tmp_path):
             with torch.no_grad(), rows(1, end, _block_causal(end)):
                 denoised = model(seq, torch.arange(end))[start:]
             torch.testing.assert_close(packed[r, cols][at], denoised, atol=1e-4, rtol=1e-4)
+
+
+def test_the_block_loss_is_what_explicit_cache_and_denoise_passes_give(tmp_path):
+    """Hand-made examples, one prompt ending on a block boundary (4) and one inside a block (6): the
+    loss read from the packed row equals the loss recomputed pass by pass, as the engine runs them."""
+    _, config = _packed_pairs(tmp_path, n=20, hidden_size=64, num_layers=2)
+    mask_id, pad_weight = config["mask_token_id"], 0.05
+    pairs = [([5, 6, 7, 8], [9, 10, 11, 12, 13]), ([5, 6, 7, 8, 9, 10], [11, 12, 13, 14, 15, 16, 17])] * 10
+    batch = PackedBatches(pairs, 0, 96, 1, 3, config["eos_token_id"], block_size=BLOCK)(0)
+    model = DreamModel.from_config(config)
+    init_weights(model, 0)
+    model.setup("cpu")
+    masked, t, _ = sample_mask(batch, torch.Generator().manual_seed(5), 0.2, 0.0)
+    loss = diffusion_loss(model, batch, mask_id, torch.Generator().manual_seed(5), 0.2, 0.0, pad_weight)
+    assert masked.any()
+    inputs = torch.where(masked, mask_id, batch.ids)
+    per_example, prompts = [], set()
+    with torch.no_grad():
+        for e in range(int(batch.ex.max()) + 1):
+            mine = batch.ex[0] == e
+            clean = batch.ids[0][mine & ~batch.noisy[0]]
+            P, R, n = int(batch.prompt_len[e]), int(batch.reply_len[e]), len(clean)
+            prompts.add(P)
+            assert n % BLOCK == 0 and clean[P + R:].eq(config["eos_token_id"]).all()   # EOS to the block's end
+            copy_pos, copy_in = batch.pos[0][mine & batch.noisy[0]], inputs[0][mine & batch.noisy[0]]
+            copy_masked = masked[0][mine & batch.noisy[0]]
+            total = torch.zeros(())
+            for start in range(P // BLOCK * BLOCK, n, BLOCK):
+                end = min(start + BLOCK, n)
+                weight = lambda p: 1.0 if p < P + R else pad_weight        # noqa: E731
+                if start >= P and start >= 1:                              # the cache pass's first token
+                    with rows(1, start, _block_causal(start)):
+                        h = model(clean[:start], torch.arange(start))
+                    ce = F.cross_entropy(model.compute_logits(h[start - 1:start]), clean[start:start + 1])
+                    total += ce.sum() * weight(start)
+                at = (copy_pos >= start) & (copy_pos < end)                # a denoise pass over the block
+                with rows(1, end, _block_causal(end)):
+                    h = model(torch.cat([clean[:start], copy_in[at]]), torch.arange(end))
+                for p in copy_pos[at & copy_masked].tolist():
+                    ce = F.cross_entropy(model.compute_logits(h[p - 1:p]), clean[p:p + 1])
+                    total += ce.sum() * weight(p) / t[e]
+            per_example.append(total / R)
+    assert prompts == {4, 6}
+    torch.testing.assert_close(loss.detach(), torch.stack(per_example).mean(), atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="ar_prob must be 0"):
+        diffusion_loss(model, batch, mask_id, torch.Generator().manual_seed(5), 0.2, 0.0, pad_weight, ar_prob=0.5)
 
 
 def test_the_block_loss_is_the_same_through_length_buckets_and_row_masks(tmp_path):

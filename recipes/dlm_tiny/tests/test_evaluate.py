@@ -7,8 +7,8 @@ import pytest
 
 from dlm_backend.errors import DLMError
 from dlm_tiny import corpus, drills
-from dlm_tiny.evaluate import (default_configs, evaluate, format_table, groups, held_out, score, select_configs,
-                               wilson)
+from dlm_tiny.evaluate import (block_configs, default_configs, evaluate, format_table, groups, held_out, score,
+                               select_configs, wilson)
 from dlm_tiny.train import train
 from test_train import TINY
 
@@ -84,7 +84,7 @@ def test_eval_configs_are_selected_by_label_and_unknown_ones_refused():
 def test_eval_configs_name_every_knob_the_engine_defaults_could_change():
     """The recorded figures were run with 64-token canvases and the cache each label names; engine
     defaults (256 tokens, dual cache since the engine split) must not move them."""
-    for config in default_configs():
+    for config in default_configs() + block_configs():
         own_blocks = config.params.sampler == "fastdllm2"         # a block checkpoint decodes in its own blocks
         assert config.params.max_tokens == 64 and config.params.block_length in ((None,) if own_blocks else (4, 32))
         assert config.label.split(", ")[1] == config.params.cache, config.label
