@@ -44,13 +44,18 @@ class PackedBatch:
     block_size: int = 0           # 0: the Dream layout
 
     @property
+    def blocks(self) -> torch.Tensor | None:
+        """``[B, L]``: each token's block within its example (None in the Dream layout)."""
+        return self.pos // self.block_size if self.block_size else None
+
+    @property
     def attend(self) -> torch.Tensor:
         """``[B, L, L]``: a token sees exactly the tokens of its own example (the tail sees the tail),
         in the block layout only those :func:`block_visible` allows."""
         same = self.ex[:, :, None] == self.ex[:, None, :]
         if not self.block_size:
             return same
-        blk = self.pos // self.block_size
+        blk = self.blocks
         return same & block_visible(blk[:, :, None], self.noisy[:, :, None], blk[:, None, :], self.noisy[:, None, :])
 
     def to(self, device: torch.device | str) -> PackedBatch:
@@ -224,8 +229,7 @@ def diffusion_loss(model, batch: PackedBatch, mask_id: int, gen: torch.Generator
     masked &= ~causal_tok
     inputs = torch.where(masked, torch.full_like(batch.ids, mask_id), batch.ids)
     if per_example:
-        blocks = batch.pos // batch.block_size if batch.block_size else None
-        backend = ExampleAttention(batch.ex, causal, blocks, batch.noisy)
+        backend = ExampleAttention(batch.ex, causal, batch.blocks, batch.noisy)
     else:
         own_past = batch.pos[:, None, :] <= batch.pos[:, :, None]
         backend = RowAttention(B, L, batch.attend & (~causal_tok[:, :, None] | own_past))
