@@ -6,6 +6,7 @@
 #   bash recipes/dlm_tiny/train.sh [OUT_PREFIX]      # default runs/dlm-tiny-z; the model: ${OUT}4/model
 #   DEVICE=cuda bash recipes/dlm_tiny/train.sh       # PRECISION=float32 where bf16 is not native
 #   COMPILE=0 bash recipes/dlm_tiny/train.sh         # eager (no --compile): 1.18x slower a step
+#   BLOCK=8 bash recipes/dlm_tiny/train.sh runs/dlm-tiny-bz   # the block layout in blocks of 8 (bz-run)
 #
 # `dlm train` comes from this recipe's plugin: `pip install -e recipes/dlm_tiny` into the environment
 # whose `dlm` runs (DLM=/path/to/dlm picks another one).
@@ -31,6 +32,10 @@
 #   tool-call validity 97.0 -> 98.5%, the 98% bar; 30% of its QA in LlamaIndex's and LangChain's
 #   own RAG prompts, or the refusals it trains (0.35) turn into "The context does not say." for
 #   LlamaIndex's query engine (y4). 10.0 minutes alone on 2 cores (8.9 of steps).
+# - BLOCK=N trains every stage in Fast-dLLM v2's block layout (a Fast_dLLM_QwenForCausalLM checkpoint,
+#   findings.md "bz"): no autoregressive start and no whole-prompt masking (the layout has neither),
+#   EOS runs of 1..8 that go on to their block's end, and no stage 2, whose only change was longer EOS
+#   runs; a served block canvas stops at the block that ends the reply.
 # Each stage resumes if interrupted (`dlm train` resumes its --out-dir); a finished stage is skipped.
 set -euo pipefail
 OUT=${1:-runs/dlm-tiny-z}
@@ -44,19 +49,25 @@ fi
 PRECISION=${PRECISION:-bf16}       # float32 on CPUs without native bf16 (about 1.6x slower a step)
 DEVICE=${DEVICE:-cpu}              # cuda on a GPU: same batches and masks, a run may resume on either
 COMPILE=${COMPILE:-1}
+BLOCK=${BLOCK:-0}                  # N > 0: the block layout in blocks of N
 COMMON=(--family-weights qa=0.26,tool_call=0.20,json=0.16,arithmetic=0.06,list=0.07 --qa-hard 0.7
         --precision "$PRECISION" --device "$DEVICE" "$([[ $COMPILE == 1 ]] && echo --compile || echo --no-compile)")
 
 stage() {  # stage N ARGS...: train ${OUT}N unless its model is already there
     local n=$1; shift
     if [[ -f "${OUT}${n}/model/model.safetensors" ]]; then echo "stage $n: done (${OUT}${n}/model)"; return; fi
+    if [[ $BLOCK != 0 ]]; then   # the layout's own flags, given last so they override the stage's
+        if [[ $n == 2 ]]; then echo "stage 2: not in the block layout"; return; fi
+        set -- "$@" --block-size "$BLOCK" --prompt-mask-prob 0 --ar-until 0 --max-extra-pad 8
+    fi
     "$DLM" train --out-dir "${OUT}${n}" "${COMMON[@]}" "$@"
 }
 
 stage 1 --steps 5200 --ar-until 0.25 --seed 0 --unanswerable 0.2
 stage 2 --init-from "${OUT}1/model" --steps 700 --lr 4e-4 --min-lr 3e-5 --warmup 30 --ar-until 0 \
     --max-extra-pad 160 --seed 1 --unanswerable 0.2
-stage 3 --init-from "${OUT}2/model" --steps 1200 --lr 2e-4 --min-lr 2e-5 --warmup 30 --ar-until 0 \
+FROM3=${OUT}2; if [[ $BLOCK != 0 ]]; then FROM3=${OUT}1; fi    # the block layout has no stage 2
+stage 3 --init-from "${FROM3}/model" --steps 1200 --lr 2e-4 --min-lr 2e-5 --warmup 30 --ar-until 0 \
     --max-extra-pad 256 --seed 2 --unanswerable 0.35
 # stage 4: tool calls at 0.35 of the mix and QA partly in the RAG frameworks' own prompts (y6r)
 stage 4 --init-from "${OUT}3/model" --family-weights qa=0.26,tool_call=0.35,json=0.16,arithmetic=0.06,list=0.07,copy=0.05 \

@@ -102,3 +102,15 @@ def test_a_stage_dlm_train_would_refuse_stops_the_recipe(tmp_path, broken):
     done, stages = run_recipe(tmp_path, script)
     assert done.returncode != 0
     assert [s["out_dir"] for s in stages] == [str(tmp_path / "run1")]     # stages 2-4 never ran
+
+
+def test_block_recipe_is_stages_1_3_4_in_the_block_layout(tmp_path):
+    done, stages = run_recipe(tmp_path, BLOCK="8")
+    assert done.returncode == 0, done.stderr
+    assert [s["out_dir"] for s in stages] == [str(tmp_path / f"run{n}") for n in (1, 3, 4)]
+    assert [s["init_from"] for s in stages] == ["", str(tmp_path / "run1" / "model"), str(tmp_path / "run3" / "model")]
+    # the layout's flags override each stage's own: no autoregressive start, short EOS runs
+    assert {(s["block_size"], s["prompt_mask_prob"], s["ar_until"], s["max_extra_pad"]) for s in stages} == {(8, 0.0, 0.0, 8)}
+    assert [s["steps"] for s in stages] == [5200, 1200, 600]
+    assert [s["unanswerable"] for s in stages] == [0.2, 0.35, 0.35]
+    assert "stage 2: not in the block layout" in done.stdout
