@@ -1,11 +1,17 @@
 """The GGUF teacher on a tiny random llama written here: batching must not change what a row writes."""
 
+import importlib
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 gguf = pytest.importorskip("gguf", reason="the teacher reads GGUF files: pip install -e \"recipes/dlm_tiny[teacher]\"")
 
 from dlm_tiny.teacher import load_teacher  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "probes"))
 
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
@@ -18,7 +24,7 @@ def byte_alphabet() -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def teacher(tmp_path_factory):
+def gguf_path(tmp_path_factory):
     path = tmp_path_factory.mktemp("teacher") / "tiny.gguf"
     tokens = SPECIAL + byte_alphabet() + ["Ġt", "he", "Ġthe"]
     merges = ["Ġ t", "h e", "Ġt he"]
@@ -61,7 +67,12 @@ def teacher(tmp_path_factory):
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    return load_teacher(str(path))
+    return path
+
+
+@pytest.fixture(scope="module")
+def teacher(gguf_path):
+    return load_teacher(str(gguf_path))
 
 
 def test_tokenizer_round_trips_and_keeps_control_tokens_whole(teacher):
@@ -80,3 +91,19 @@ def test_a_batch_writes_what_each_prompt_writes_alone(teacher):
 def test_sampling_is_seeded(teacher):
     runs = [teacher.generate(["the"] * 3, max_new_tokens=8, temperature=1.0, seed=s) for s in (1, 1, 2)]
     assert runs[0] == runs[1] != runs[2]
+
+
+def test_the_cut_probe_with_every_layer_is_the_teacher(teacher, gguf_path):
+    """probes/teacher_cuts.py scores cuts of the teacher: kept whole, it must compute the teacher's own
+    next-token logits, and its cut tokenizer must stop at the merges it keeps."""
+    import torch
+    cuts = importlib.import_module("teacher_cuts")
+    ids = torch.tensor([[5, 40, 77, 12, 99, 3]])
+    whole = cuts.Cut(teacher, list(range(teacher.cfg.n_layer)), k=teacher.tok.get_vocab_size())
+    kv = [(torch.zeros(1, teacher.cfg.n_kv_head, 8, teacher.head_dim),) * 2 for _ in range(teacher.cfg.n_layer)]
+    kv = [(k.clone(), v.clone()) for k, v in kv]
+    own = teacher(ids, torch.arange(6)[None], kv, 0, torch.tensor([[True] * 6 + [False] * 2]))
+    torch.testing.assert_close(whole(ids)[0, -1], own[0], rtol=1e-4, atol=1e-4)
+    n = teacher.tok.get_vocab_size()
+    assert cuts.cut_tokenizer(gguf_path, n).encode(" the").ids == [n - 1]                 # "Ġthe", the last merge
+    assert cuts.cut_tokenizer(gguf_path, n - 1).encode(" the").ids == [n - 3, n - 2]      # "Ġt" + "he"
