@@ -1,4 +1,4 @@
-"""Can SmolLM2-135M-Instruct, the one English-pretrained model the package index holds, be cut to
+"""Can SmolLM2-135M-Instruct, the English-pretrained model found on the package index, be cut to
 dlm-tiny's 40 MB and still carry what it learned? A cut keeps some of its 30 layers and the first K
 tokens of its BPE (its ids follow merge order, so the first K ids and the merges that make them are a
 whole tokenizer). Each cut is scored as a causal model, before and after a short healing run on
@@ -8,8 +8,8 @@ news text, against the same shape trained from random weights:
 * induction: a 30-token random sequence repeated, accuracy on the repeat (copying an unseen span is
   the skill dlm-tiny's built circuit supplies, findings.md "The recipe").
 
-    python recipes/dlm_tiny/probes/teacher_cuts.py --cache runs/prose/downloads            # 2 min
-    python recipes/dlm_tiny/probes/teacher_cuts.py --cache runs/prose/downloads --heal 150  # +4 min a cut
+    python recipes/dlm_tiny/probes/teacher_cuts.py --cache runs/prose/downloads            # 40 s
+    python recipes/dlm_tiny/probes/teacher_cuts.py --cache runs/prose/downloads --heal 150  # 25 min: 2.4 s a step
 """
 
 import argparse
@@ -131,19 +131,15 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|")
     healed = [c.strip() for c in args.heal_cuts.split(",")] if args.heal else []
     for name, layers in CUTS.items():
-        model = Cut(teacher, layers, args.vocab)
-        ce, copied = score(model, held, repeats)
-        after = ""
-        if name in healed:
-            heal(model, train, args.heal, 8, seed=0)
-            after = "| %.2f | %.2f" % score(model, held, repeats)
-        print(f"| {name} | {len(layers)} | {model.megabytes_bf16:.1f} | {ce:.2f} | {copied:.2f} {after or '| |'} |", flush=True)
-        if name in healed:
-            twin = Cut(teacher, layers, args.vocab, fresh=True)
-            before = score(twin, held, repeats)
-            heal(twin, train, args.heal, 8, seed=0)
-            print(f"| {name}, random weights | {len(layers)} | {twin.megabytes_bf16:.1f} | {before[0]:.2f} | "
-                  f"{before[1]:.2f} | %.2f | %.2f |" % score(twin, held, repeats), flush=True)
+        # a healed cut is followed by its twin: the same shape from random weights, on the same batches
+        for label, fresh in [(name, False)] + ([(f"{name}, random weights", True)] if name in healed else []):
+            model = Cut(teacher, layers, args.vocab, fresh=fresh)
+            cells = [score(model, held, repeats)]
+            if name in healed:
+                heal(model, train, args.heal, 8, seed=0)
+                cells.append(score(model, held, repeats))
+            scores = " | ".join(f"{ce:.2f} | {copied:.2f}" for ce, copied in cells)
+            print(f"| {label} | {len(layers)} | {model.megabytes_bf16:.1f} | {scores}{' | |' * (2 - len(cells))} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """Which offered tool does the request's wording point to, without any model? On the hand-written set's
 tool calls with two or more tools, and on the generator's tool families, pick the tool whose name and
 description share the most words (3+ letters) with the user's turns, and, for a pretrained prior, the
-tool whose mean SmolLM2 input embedding is closest to the request's. A pick counts only when it is
-the one best tool (a tie is a miss).
+tool whose mean SmolLM2 input embedding is closest to the request's. A word pick counts only when it
+is the one best tool (a tie is a miss).
 
 Word overlap is a floor for what reading the request gives: where it picks the right tool and the
 model does not, the model has not learned to compare the request with the offered tools.

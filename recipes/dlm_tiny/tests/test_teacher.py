@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 gguf = pytest.importorskip("gguf", reason="the teacher reads GGUF files: pip install -e \"recipes/dlm_tiny[teacher]\"")
 
@@ -96,12 +97,11 @@ def test_sampling_is_seeded(teacher):
 def test_the_cut_probe_with_every_layer_is_the_teacher(teacher, gguf_path):
     """probes/teacher_cuts.py scores cuts of the teacher: kept whole, it must compute the teacher's own
     next-token logits, and its cut tokenizer must stop at the merges it keeps."""
-    import torch
     cuts = importlib.import_module("teacher_cuts")
     ids = torch.tensor([[5, 40, 77, 12, 99, 3]])
     whole = cuts.Cut(teacher, list(range(teacher.cfg.n_layer)), k=teacher.tok.get_vocab_size())
-    kv = [(torch.zeros(1, teacher.cfg.n_kv_head, 8, teacher.head_dim),) * 2 for _ in range(teacher.cfg.n_layer)]
-    kv = [(k.clone(), v.clone()) for k, v in kv]
+    cache = (1, teacher.cfg.n_kv_head, 8, teacher.head_dim)
+    kv = [(torch.zeros(cache), torch.zeros(cache)) for _ in range(teacher.cfg.n_layer)]
     own = teacher(ids, torch.arange(6)[None], kv, 0, torch.tensor([[True] * 6 + [False] * 2]))
     torch.testing.assert_close(whole(ids)[0, -1], own[0], rtol=1e-4, atol=1e-4)
     n = teacher.tok.get_vocab_size()
