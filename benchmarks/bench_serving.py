@@ -17,7 +17,7 @@ import time
 
 import httpx
 
-from dlm_backend.engine.loader import default_model
+from dlm_backend.engine.checkpoint.folder import default_model
 from loadgen import chat_once, launch          # benchmarks/loadgen.py, beside this script
 
 PROMPTS = [

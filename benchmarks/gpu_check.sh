@@ -88,7 +88,7 @@ NGPU=$("$PY" -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || 
 if (( NGPU > 1 )); then
     SIZES=1,2
     (( NGPU >= 4 )) && SIZES=1,2,4
-    section "tensor parallel on $NGPU GPUs: TP 2 tokens equal TP 1 (NCCL)" 90 "${PYTEST[@]}" tests/engine/test_parallel.py -m gpu
+    section "tensor parallel on $NGPU GPUs: TP 2 tokens equal TP 1 (NCCL)" 90 "${PYTEST[@]}" tests/engine/parallel/test_tensor_parallel.py -m gpu
     section "tensor parallel: LLaDA-8B and LLaDA2.0-mini shapes (2 layers each, random bf16), TP $SIZES" 240 \
         "$PY" benchmarks/bench_tp.py --device cuda --models llada-8b,llada2-mini --sizes "$SIZES" --layers 2
 else

@@ -8,9 +8,10 @@ import os
 import sys
 from dataclasses import fields
 
-from dlm_backend.engine.config import CPU_KV_BYTES, GPU_KV_FRACTION, EngineLimits
+from dlm_backend.engine.engine_config import EngineLimits
+from dlm_backend.engine.kv.sizing import CPU_KV_BYTES, GPU_KV_FRACTION
 from dlm_backend.errors import DLMError
-from dlm_backend.server.config import ServerConfig
+from dlm_backend.server.settings import ServerConfig
 
 
 def _add_model_args(p: argparse.ArgumentParser, positional: bool = True) -> None:
@@ -109,9 +110,9 @@ def cmd_chat(args) -> int:
 def cmd_serve(args) -> int:
     import uvicorn
 
-    from dlm_backend.engine.parallel.workers import worker_rank
+    from dlm_backend.engine.forward.workers import worker_rank
     from dlm_backend.server import create_app
-    from dlm_backend.server.config import LOOPBACK_NAMES
+    from dlm_backend.server.settings import LOOPBACK_NAMES
     from dlm_backend.server.connections import GuardedH11Protocol
 
     api_key = args.api_key or os.environ.get("DLM_API_KEY") or None

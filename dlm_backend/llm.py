@@ -9,9 +9,9 @@ import threading
 from typing import AsyncIterator, Iterator
 
 from dlm_backend.chat.prompt import encode_chat
-from dlm_backend.engine import shared
-from dlm_backend.engine.config import EngineConfig
-from dlm_backend.engine.loader import default_model
+from dlm_backend.engine import shared_engines as shared
+from dlm_backend.engine.engine_config import EngineConfig
+from dlm_backend.engine.checkpoint.folder import default_model
 from dlm_backend.engine.outputs import GenerationOutput, StreamChunk
 from dlm_backend.engine.params import SamplingParams, layered
 from dlm_backend.errors import DLMError, EngineError, RequestTimeoutError, TokenizerError

@@ -1,16 +1,12 @@
 import os
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
 # Third-party plugins installed on the machine must not change what the suite tests.
 os.environ.setdefault("DLM_DISABLE_PLUGIN_AUTOLOAD", "1")
 
-from helpers import PARITY, make_chat_checkpoint  # noqa: E402
-
-
+from tests.helpers import PARITY, make_chat_checkpoint  # noqa: E402
 
 
 @pytest.fixture(scope="session")

@@ -15,15 +15,15 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 FIXTURES = Path(__file__).parent / "fixtures"
 # The shipped dlm-tiny gets tool calls right (96.5% held-out) but sums and list answers rarely
-# (recipes/dlm_tiny/findings.md); the tests of those answers carry these marks and XPASS once a model
-# gets them right.
+# (recipes/dlm_tiny/findings.md); the tests of those answers carry these marks (strict, as every xfail of the suite: an
+# XPASS fails, so a model that gets them right says so).
 WEAK_AT_LISTS = pytest.mark.xfail(
     reason="model capability: dlm-tiny gets list answers (sort, reverse, count) wrong most of the time "
-           "(held-out, 200 per family, llada: lists 23.5%; recipes/dlm_tiny/findings.md)", strict=False)
+           "(held-out, 200 per family, llada: lists 23.5%; recipes/dlm_tiny/findings.md)")
 WEAK_AT_ARITHMETIC = pytest.mark.xfail(
     reason="model capability: dlm-tiny rarely adds right (held-out, 200 per family, llada: arithmetic "
            "24.0%; recipes/dlm_tiny/findings.md); it writes 52 for 12 + 30 (p3, an earlier shipped model, "
-           "wrote 42 at its own defaults and XPASSed)", strict=False)
+           "wrote 42 at its own defaults and XPASSed)")
 PARITY = FIXTURES / "parity"
 
 CORPUS = [
@@ -234,7 +234,7 @@ def run_to_end(engine) -> dict:
 
 def with_template(folder, dream_chat, template=None):
     """A checkpoint folder with dream_chat's tokenizer and the given chat template (or none)."""
-    from dlm_backend.engine.tokenizer import Tokenizer as CheckpointTokenizer
+    from dlm_backend.engine.checkpoint.tokenizer import Tokenizer as CheckpointTokenizer
 
     (folder / "tokenizer.json").write_bytes((dream_chat / "tokenizer.json").read_bytes())
     if template is not None:

@@ -115,4 +115,4 @@ def write_scripted_checkpoint(dest: Path, chat_folder: Path, script: str, marker
 @hookimpl
 def register_models(register):
     """This module is a plugin: ``load_plugins().register(scripted_model, name=...)``."""
-    register(ARCH, "scripted_model:ScriptedLM")
+    register(ARCH, "tests.scripted_model:ScriptedLM")

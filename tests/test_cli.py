@@ -4,7 +4,7 @@ import json
 import subprocess
 import sys
 
-from helpers import PARITY
+from tests.helpers import PARITY
 
 
 def dlm(*args, stdin=None):
@@ -63,7 +63,7 @@ def test_input_that_is_not_utf8_is_read(tmp_path):
 
 def test_every_knob_is_a_flag_and_the_server_limits_come_from_the_engine():
     from dlm_backend.cli import build_parser
-    from dlm_backend.engine.config import EngineLimits
+    from dlm_backend.engine.engine_config import EngineLimits
     from dlm_backend.engine.params import KNOBS
 
     parser = build_parser()

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import PARITY
+from tests.helpers import PARITY
 
 from dlm_backend import LLM, SamplingParams
 from dlm_backend.engine.params import DEFAULTS, KNOBS
@@ -128,7 +128,7 @@ def test_the_adapter_example_in_plugins_md_is_listed_and_answers_as_the_chat_lay
     from dlm_backend import chat
     from dlm_backend.adapters import load_adapter
     from dlm_backend.cli import main
-    from dlm_backend.engine import shared
+    from dlm_backend.engine import shared_engines as shared
     from dlm_backend.errors import DLMError
     from dlm_backend.plugins import load_plugins, registered_adapters
 

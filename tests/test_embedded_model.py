@@ -8,7 +8,7 @@ import pytest
 from dlm_backend import LLM, SamplingParams
 from dlm_backend.chat import ChatRequest, complete
 from dlm_backend.chat.tool_calls import parse_tool_calls
-from dlm_backend.engine.loader import EMBEDDED_MODEL
+from dlm_backend.engine.checkpoint.folder import EMBEDDED_MODEL
 
 GREEDY = SamplingParams(sampler="llada", max_tokens=64, block_length=32, steps=64)
 FAST = SamplingParams(sampler="threshold", threshold=0.9, max_tokens=64, block_length=32, cache="dual")

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import WEAK_AT_ARITHMETIC, WEAK_AT_LISTS
+from tests.helpers import WEAK_AT_ARITHMETIC, WEAK_AT_LISTS
 
 ROOT = Path(__file__).resolve().parents[1] / "integrations"
 

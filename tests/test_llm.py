@@ -2,7 +2,7 @@
 request outliving the call that made it."""
 
 import pytest
-from helpers import PARITY
+from tests.helpers import PARITY
 
 from dlm_backend import LLM, DLMError, SamplingParams
 from dlm_backend.errors import TokenizerError

@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from helpers import PARITY
+from tests.helpers import PARITY
 
 from dlm_backend import plugins
 

@@ -34,8 +34,8 @@ from litellm.types.utils import Choices, GenericStreamingChunk, Message, ModelRe
 
 from dlm_backend import chat
 from dlm_backend.adapters.common import Handles, model_tokenizer, off_loop
-from dlm_backend.engine.files import MAX_TOKENIZER_BYTES, read_checkpoint_file
-from dlm_backend.engine.loader import EMBEDDED_MODEL, context_length, default_model, resolve_checkpoint
+from dlm_backend.engine.checkpoint.files import MAX_TOKENIZER_BYTES, read_checkpoint_file
+from dlm_backend.engine.checkpoint.folder import EMBEDDED_MODEL, context_length, default_model, resolve_checkpoint
 from dlm_backend.engine.params import FRAMEWORK_TAKEN
 from dlm_backend.errors import (CheckpointError, ContextLengthError, DLMError, EngineError, ModelNotFoundError,
                                 PluginError, QueueFullError, RequestTimeoutError, UnknownArchitectureError)

@@ -26,7 +26,7 @@ from llama_index.core.llms.llm import ToolSelection
 from dlm_backend import chat
 from dlm_backend.adapters.common import (KNOB_FIELDS, Handles, check_knob_values, constructor_args, display_name,
                                          knob_fields, model_tokenizer, off_loop)
-from dlm_backend.engine.loader import context_length, default_model
+from dlm_backend.engine.checkpoint.folder import context_length, default_model
 from dlm_backend.engine.params import DEFAULTS, FRAMEWORK_TAKEN
 from dlm_backend.adapters.llamaindex_stream import Accumulator, overflow, partial_kwargs
 from dlm_backend.errors import ContextLengthError, DLMError

@@ -1,6 +1,6 @@
 """The engine: admits requests, schedules denoising passes, reports what each request committed.
 
-It never touches tensors (the :class:`ModelRunner` does), loads nothing itself (engine/checkpoint.py)
+It never touches tensors (the :class:`ModelRunner` does), loads nothing itself (engine/checkpoint/load.py)
 and keeps no per-request state outside :class:`Sequence`. ``step()`` advances every scheduled
 request by one pass and returns a chunk for each request that committed output.
 """
@@ -9,23 +9,24 @@ from __future__ import annotations
 
 import time
 
-from dlm_backend.engine.blocks import BlockSequence
-from dlm_backend.engine.canvas import CanvasSequence
-from dlm_backend.engine.checkpoint import Checkpoint, open_checkpoint
-from dlm_backend.engine.config import EngineConfig, EngineLimits, make_pool
+from dlm_backend.engine.requests.block_sequence import BlockSequence
+from dlm_backend.engine.requests.canvas_sequence import CanvasSequence
+from dlm_backend.engine.checkpoint.load import Checkpoint, open_checkpoint
+from dlm_backend.engine.engine_config import EngineConfig, EngineLimits
+from dlm_backend.engine.kv.sizing import make_pool
 from dlm_backend.engine.kernels import resolve_kernels
 from dlm_backend.engine.kv import PageAllocator
 from dlm_backend.engine.metrics import EngineStats
 from dlm_backend.engine.outputs import StreamChunk
 from dlm_backend.engine.params import SamplingParams
-from dlm_backend.engine.parallel.workers import start as start_workers
-from dlm_backend.engine.runner import ModelRunner
+from dlm_backend.engine.forward.workers import start as start_workers
+from dlm_backend.engine.forward.runner import ModelRunner
 from dlm_backend.engine.samplers.base import Sampler
 from dlm_backend.engine.samplers.random import ReplayRandom
 from dlm_backend.engine.scheduler import Scheduler
-from dlm_backend.engine.sequence import Sequence
-from dlm_backend.engine.uniform import UniformSequence
-from dlm_backend.engine.validate import check_request, find_sampler
+from dlm_backend.engine.requests.sequence import Sequence
+from dlm_backend.engine.requests.uniform_sequence import UniformSequence
+from dlm_backend.engine.requests.admission import check_request, find_sampler
 from dlm_backend.errors import ParallelWorkerError, QueueFullError, SamplingParamsError
 
 
@@ -57,7 +58,7 @@ class LLMEngine:
                 raise SamplingParamsError(f"{self.checkpoint.folder / 'generation_config.json'}: 'dlm_sampling' "
                                           f"names a sampler that is not registered. {exc}") from None
         a = model.args
-        pool = make_pool(config, model, self.device, tp)
+        pool = make_pool(model, config.kv_cache_memory, self.dtype, self.device, tp)
         self.page_size = pool.page_size
         self.allocator = PageAllocator(pool.num_pages, self.page_size)
         self.runner = ModelRunner(model, self.device, self.dtype, self.tokens, pool, triton, config.cuda_graphs,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import deque
 
 from dlm_backend.engine.kv import PageAllocator
-from dlm_backend.engine.sequence import Sequence, Status
+from dlm_backend.engine.requests.sequence import Sequence, Status
 
 
 class Scheduler:

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from dlm_backend.engine.config import EngineConfig
+from dlm_backend.engine.engine_config import EngineConfig
 from dlm_backend.engine.engine import LLMEngine
 from dlm_backend.errors import CheckpointError, DLMError
 from dlm_backend.parity.cases import SAMPLERS, Run

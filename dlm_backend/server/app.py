@@ -19,9 +19,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from dlm_backend import chat
-from dlm_backend.engine.config import check_dtype
+from dlm_backend.engine.engine_config import check_dtype
 from dlm_backend.errors import DLMError
-from dlm_backend.server.config import ServerConfig
+from dlm_backend.server.settings import ServerConfig
 from dlm_backend.server.errors import error_response, install_handlers
 from dlm_backend.server.metrics import CONTENT_TYPE, make_registry, metrics_text
 from dlm_backend.server.protocol import ChatCompletionRequest, CompletionRequest

@@ -19,7 +19,7 @@ from dlm_backend import chat
 from dlm_backend.chat.prompt import check_length, longest_token, prompt_limit
 from dlm_backend.errors import ContextLengthError, DLMError
 from dlm_backend.llm import LLM
-from dlm_backend.server.config import ServerConfig
+from dlm_backend.server.settings import ServerConfig
 
 log = logging.getLogger("dlm_backend.server")
 

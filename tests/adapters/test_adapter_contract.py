@@ -3,9 +3,9 @@ table when the adapter is built (names and values, no model loaded), knob names 
 table, no framework globals touched, and an explicit ``close()`` that gives the engine back."""
 
 import pytest
-from helpers import make_chat_checkpoint
+from tests.helpers import make_chat_checkpoint
 
-from dlm_backend.engine import shared
+from dlm_backend.engine import shared_engines as shared
 from dlm_backend.errors import DLMError, SamplingParamsError
 
 

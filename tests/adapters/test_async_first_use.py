@@ -9,9 +9,9 @@ import os
 import threading
 
 import pytest
-from helpers import make_chat_checkpoint
+from tests.helpers import make_chat_checkpoint
 
-import dlm_backend.engine.checkpoint as engine_module
+import dlm_backend.engine.checkpoint.load as engine_module
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 KNOBS = {"max_tokens": 8, "block_length": 8}
@@ -149,7 +149,7 @@ def test_no_first_async_call_stalls_the_event_loop(tmp_path, door):
     import sys
     from pathlib import Path
 
-    from dlm_backend.engine.loader import EMBEDDED_MODEL
+    from dlm_backend.engine.checkpoint.folder import EMBEDDED_MODEL
 
     pytest.importorskip({"langchain": "langchain_core", "llamaindex": "llama_index.core",
                          "litellm": "litellm"}[door.split("_")[0]])

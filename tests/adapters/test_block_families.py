@@ -9,7 +9,7 @@ import asyncio
 import json
 
 import pytest
-from helpers import make_block_chat_checkpoint, serve_in_thread
+from tests.helpers import make_block_chat_checkpoint, serve_in_thread
 
 from dlm_backend import LLM
 

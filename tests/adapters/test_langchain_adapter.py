@@ -68,7 +68,7 @@ def get_weather(city: str) -> str:
 
 
 def test_constructor_loads_no_weights_and_the_profile_comes_from_config(dream_chat):
-    from dlm_backend.engine import shared
+    from dlm_backend.engine import shared_engines as shared
     before = len(shared.loaded())
     model = ChatDLM(model=str(dream_chat) + "/", max_tokens=16)
     assert len(shared.loaded()) == before

@@ -40,7 +40,7 @@ def xfail(test, reason: str):
 @functools.cache
 def _other_checkpoint() -> str:
     """A second model for the per-call `model` override tests (random weights, built once)."""
-    from helpers import make_chat_checkpoint
+    from tests.helpers import make_chat_checkpoint
 
     folder = Path(tempfile.mkdtemp(prefix="dlm-override-"))
     atexit.register(shutil.rmtree, folder, ignore_errors=True)

@@ -75,7 +75,7 @@ async def _collect(response):
 
 def test_aliases_name_the_embedded_model_and_the_default():
     from dlm_backend.adapters.litellm import _model_path
-    from dlm_backend.engine.loader import EMBEDDED_MODEL
+    from dlm_backend.engine.checkpoint.folder import EMBEDDED_MODEL
 
     assert _model_path("dlm/dlm-tiny") == str(EMBEDDED_MODEL)     # even with $DLM_MODEL set
     assert _model_path("dlm/default") is None                      # $DLM_MODEL, else dlm-tiny

@@ -18,7 +18,7 @@ def get_weather(city: str) -> str:
 
 
 def test_construction_does_not_load(dream_chat):
-    from dlm_backend.engine import shared
+    from dlm_backend.engine import shared_engines as shared
     before = len(shared.loaded())
     DLM(model=str(dream_chat) + "/", max_tokens=16)
     assert len(shared.loaded()) == before

@@ -5,8 +5,8 @@ A scripted model (tests/scripted_model.py) writes a known answer through the eng
 import json
 
 import pytest
-import scripted_model
-from scripted_model import write_scripted_checkpoint
+from tests import scripted_model
+from tests.scripted_model import write_scripted_checkpoint
 
 from dlm_backend.plugins import load_plugins
 
@@ -78,7 +78,7 @@ def test_langchain_function_calling_stream_yields_growing_dicts(scripted):
 
 def test_the_server_streams_a_forced_call_in_openai_chunks(scripted):
     openai = pytest.importorskip("openai")
-    from helpers import serve_in_thread
+    from tests.helpers import serve_in_thread
 
     from dlm_backend.server import create_app
 

@@ -13,7 +13,7 @@ import os
 import time
 
 import pytest
-from helpers import make_chat_checkpoint
+from tests.helpers import make_chat_checkpoint
 
 from dlm_backend import LLM
 

@@ -5,8 +5,8 @@ numbers) comes back exactly, through the engine's real loop, on both test tokeni
 import json
 
 import pytest
-import scripted_model
-from scripted_model import write_scripted_checkpoint
+from tests import scripted_model
+from tests.scripted_model import write_scripted_checkpoint
 
 from dlm_backend import LLM, SamplingParams
 from dlm_backend.chat import ChatRequest, complete, stream

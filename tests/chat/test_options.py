@@ -1,6 +1,6 @@
 """A front door's call arguments (chat/options.py): knobs layered over the checkpoint's defaults,
 misspellings named, and the OpenAI fields a diffusion engine does not serve refused, not dropped.
-How the layers meet a real checkpoint's defaults: tests/engine/test_checkpoint_defaults.py."""
+How the layers meet a real checkpoint's defaults: tests/engine/checkpoint/test_load.py."""
 
 from types import SimpleNamespace
 

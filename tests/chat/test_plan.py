@@ -4,7 +4,7 @@ miss their schema sampled again."""
 import json
 
 import pytest
-from chat_cases import PERSON, PERSON_TOOL, STOPS_SCHEMA, TIME, WEATHER, WEATHER_SCHEMA
+from tests.chat.chat_cases import PERSON, PERSON_TOOL, STOPS_SCHEMA, TIME, WEATHER, WEATHER_SCHEMA
 
 from dlm_backend import LLM, DLMError, SamplingParams
 from dlm_backend.chat import ChatRequest, Plan, complete, stream

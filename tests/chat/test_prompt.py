@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from chat_cases import WEATHER
+from tests.chat.chat_cases import WEATHER
 
 from dlm_backend.chat import ChatRequest, Plan
 from dlm_backend.chat.prompt import COMPOSITION, check_length, longest_token

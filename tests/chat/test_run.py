@@ -3,7 +3,7 @@ into content and tool calls."""
 
 import json
 
-from chat_cases import TIME, WEATHER
+from tests.chat.chat_cases import TIME, WEATHER
 
 from dlm_backend import LLM, SamplingParams
 from dlm_backend.chat import ChatRequest, Plan, stream

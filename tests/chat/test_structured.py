@@ -4,7 +4,7 @@ generated validated against its schema."""
 import json
 
 import pytest
-from chat_cases import LIST_SCHEMA, PERSON, STOPS_SCHEMA
+from tests.chat.chat_cases import LIST_SCHEMA, PERSON, STOPS_SCHEMA
 
 from dlm_backend import LLM, DLMError, SamplingParams
 from dlm_backend.chat import ChatRequest, complete, stream

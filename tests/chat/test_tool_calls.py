@@ -1,7 +1,7 @@
 """Tool calls (chat/tool_calls.py): parsing the Hermes / Qwen2.5 format, tools and tool_choice."""
 
 import pytest
-from chat_cases import TIME, WEATHER
+from tests.chat.chat_cases import TIME, WEATHER
 
 from dlm_backend import DLMError
 from dlm_backend.chat.tool_calls import normalize_tools, parse_tool_calls, tool_choice_name

@@ -4,7 +4,7 @@ passes reported, and a failing request failing alone."""
 import json
 
 import pytest
-from helpers import PARITY, run_to_end
+from tests.helpers import PARITY, run_to_end
 
 from dlm_backend import LLM, SamplingParams
 from dlm_backend.errors import EngineError

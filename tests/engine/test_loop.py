@@ -8,10 +8,10 @@ import queue
 import time
 
 import pytest
-from helpers import PARITY
+from tests.helpers import PARITY
 
 from dlm_backend import LLM, SamplingParams
-from dlm_backend.engine.config import EngineConfig
+from dlm_backend.engine.engine_config import EngineConfig
 from dlm_backend.engine.engine import LLMEngine
 from dlm_backend.engine.loop import EngineLoop
 from dlm_backend.errors import DLMError

@@ -4,7 +4,7 @@ engine records as it runs."""
 import threading
 
 import pytest
-from helpers import PARITY
+from tests.helpers import PARITY
 
 from dlm_backend import LLM, SamplingParams
 from dlm_backend.engine.metrics import EngineStats

@@ -172,7 +172,7 @@ def test_diffusiongemma_temperature_is_the_references_float32_at_every_recorded_
     import json
     import struct
 
-    from helpers import FIXTURES
+    from tests.helpers import FIXTURES
 
     from dlm_backend.engine.samplers.diffusiongemma import temperature
 
@@ -267,7 +267,7 @@ def test_a_seeded_request_on_cpu_draws_the_references_stream_call_for_call():
     import json
     import struct
 
-    from helpers import FIXTURES
+    from tests.helpers import FIXTURES
 
     from dlm_backend.engine.samplers.random import TorchRandom
 

@@ -2,16 +2,16 @@
 pages, each step's batch within the token budget, rotating so no request starves, pages returned
 when a request ends."""
 
-from helpers import FIXTURES
+from tests.helpers import FIXTURES
 
 from dlm_backend import LLM, SamplingParams
-from dlm_backend.engine.canvas import CanvasSequence
-from dlm_backend.engine.config import EngineLimits
+from dlm_backend.engine.requests.canvas_sequence import CanvasSequence
+from dlm_backend.engine.engine_config import EngineLimits
 from dlm_backend.engine.kv import PageAllocator
 from dlm_backend.engine.samplers.base import TokenInfo
 from dlm_backend.engine.samplers.llada import LLaDASampler
 from dlm_backend.engine.scheduler import Scheduler
-from dlm_backend.engine.sequence import Status
+from dlm_backend.engine.requests.sequence import Status
 
 SDAR = FIXTURES / "parity-block" / "sdar-tiny"
 TOKENS = TokenInfo(mask_id=9, eos_ids=(2,))

@@ -5,7 +5,7 @@ import json
 import shutil
 
 import pytest
-from helpers import FIXTURES
+from tests.helpers import FIXTURES
 
 from dlm_backend.cli import main as dlm
 from dlm_backend.parity import check_fixture

@@ -14,9 +14,9 @@ httpx = pytest.importorskip("httpx")
 uvicorn = pytest.importorskip("uvicorn")
 
 from dlm_backend.server import create_app  # noqa: E402
-from dlm_backend.server.config import ServerConfig  # noqa: E402
+from dlm_backend.server.settings import ServerConfig  # noqa: E402
 from dlm_backend.server.connections import GuardedH11Protocol  # noqa: E402
-from helpers import free_port, serve_in_thread  # noqa: E402
+from tests.helpers import free_port, serve_in_thread  # noqa: E402
 
 
 def test_dns_rebinding_host_names_are_refused_without_a_key(dream_chat):

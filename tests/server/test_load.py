@@ -18,7 +18,7 @@ import pytest
 pytest.importorskip("fastapi", reason="install the [server] extra")
 httpx = pytest.importorskip("httpx")
 
-from dlm_backend.engine.loader import EMBEDDED_MODEL  # noqa: E402
+from dlm_backend.engine.checkpoint.folder import EMBEDDED_MODEL  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from loadgen import FAULT_STATUSES, chat_once, faulty_clients, launch  # noqa: E402  (benchmarks/loadgen.py)
 

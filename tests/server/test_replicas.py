@@ -18,7 +18,7 @@ litellm = pytest.importorskip("litellm")
 httpx = pytest.importorskip("httpx")
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")      # offline: no cost-map download
 
-from dlm_backend.engine.loader import EMBEDDED_MODEL  # noqa: E402
+from dlm_backend.engine.checkpoint.folder import EMBEDDED_MODEL  # noqa: E402
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from loadgen import FAULT_STATUSES, chat_once, faulty_clients, launch  # noqa: E402  (benchmarks/loadgen.py)

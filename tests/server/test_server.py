@@ -7,7 +7,7 @@ openai = pytest.importorskip("openai")
 uvicorn = pytest.importorskip("uvicorn")
 
 from dlm_backend.server import create_app  # noqa: E402
-from helpers import serve_in_thread  # noqa: E402
+from tests.helpers import serve_in_thread  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -140,7 +140,7 @@ def test_model_retrieve_token_id_prompts_and_completion_usage_chunk(client, drea
     assert client.models.retrieve("tiny").id == "tiny"
     with pytest.raises(openai.NotFoundError, match="not served here"):
         client.models.retrieve("gpt-4o")
-    from dlm_backend.engine.tokenizer import Tokenizer
+    from dlm_backend.engine.checkpoint.tokenizer import Tokenizer
     ids = Tokenizer(dream_chat).encode("The quick")
     kwargs = dict(model="tiny", max_tokens=8, extra_body={"block_length": 8})
     r = client.completions.create(prompt="The quick", **kwargs)
@@ -221,7 +221,7 @@ def test_neutral_openai_fields_pass_and_an_unknown_model_is_a_404(client):
 
 
 def test_served_model_names_are_aliases(dream_chat):
-    from dlm_backend.server.config import ServerConfig
+    from dlm_backend.server.settings import ServerConfig
 
     app = create_app(config=ServerConfig(model=str(dream_chat), served_name=["tiny", "tiny-latest"]))
     with serve_in_thread(app) as url:

@@ -11,10 +11,10 @@ import pytest
 pytest.importorskip("fastapi", reason="install the [server] extra")
 httpx = pytest.importorskip("httpx")
 
-from dlm_backend.engine.config import EngineLimits  # noqa: E402
+from dlm_backend.engine.engine_config import EngineLimits  # noqa: E402
 from dlm_backend.server import create_app  # noqa: E402
-from dlm_backend.server.config import ServerConfig  # noqa: E402
-from helpers import serve_in_thread  # noqa: E402
+from dlm_backend.server.settings import ServerConfig  # noqa: E402
+from tests.helpers import serve_in_thread  # noqa: E402
 
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
 HI = [{"role": "user", "content": "hi"}]

@@ -5,7 +5,7 @@ runner sets a :class:`ForwardContext` around each forward naming an attention *b
 with ``attend(q, k, v, layer)``) and whether the Triton kernels run. The engine's backends are
 :class:`PackedAttention` (below: every sequence's query window packed into one ``[T, ...]`` batch,
 attention per sequence over its own keys), the paged pool's (layers/paged_attention.py) and the
-static block step of engine/graphs.py;
+static block step of engine/forward/cuda_graphs.py;
 code outside the engine (a training loop) brings its own. Per-forward metadata travels in the
 context, as in nano-vllm, so models keep the signature ``forward(input_ids, positions)``.
 
@@ -170,19 +170,6 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor |
     [B, Hq, M, D]; ``scale`` None is 1/sqrt(D)."""
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=False, scale=scale,
                                           enable_gqa=q.shape[1] != k.shape[1])
-
-
-def ranged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor,
-                     k_start: torch.Tensor, k_len: torch.Tensor) -> torch.Tensor:
-    """:func:`sdpa` in the flash kernel's layout (its reference): packed queries ``q [T, Hq, D]`` with
-    row offsets ``cu_q [B+1]``; sequence b attends over ``k[b, :, k_start[b]:k_start[b] + k_len[b]]``."""
-    out = torch.empty_like(q)
-    cu, ks, kl = cu_q.tolist(), k_start.tolist(), k_len.tolist()
-    for b in range(len(kl)):
-        keys = slice(ks[b], ks[b] + kl[b])
-        o = sdpa(q[cu[b]:cu[b + 1]].transpose(0, 1)[None], k[b, :, keys][None], v[b, :, keys][None])
-        out[cu[b]:cu[b + 1]] = o[0].transpose(0, 1)
-    return out
 
 
 def _i32(values: list[int], device) -> torch.Tensor:

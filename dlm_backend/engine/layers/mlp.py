@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dlm_backend.engine.layers.attention import triton_enabled
-from dlm_backend.engine.parallel.layers import ColumnLinear, RowLinear
+from dlm_backend.engine.layers.parallel import ColumnLinear, RowLinear
 
 
 def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:

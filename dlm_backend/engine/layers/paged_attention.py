@@ -111,7 +111,7 @@ class PagedBatch:
     pool, then attending over their pages) and unpaged ones after them (:class:`PackedAttention`).
 
     Built once per forward from host lists; the int32 tensors go to the device in one copy each, so
-    the kernel path never syncs (and a CUDA graph can replay it: engine/graphs.py refills the same
+    the kernel path never syncs (and a CUDA graph can replay it: engine/forward/cuda_graphs.py refills the same
     tensors in place).
     """
 

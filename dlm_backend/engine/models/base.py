@@ -66,11 +66,11 @@ class DiffusionLM(nn.Module, metaclass=ABCMeta):
     #: ``dlm_sampling``: what a request gets when it names nothing
     sampling_defaults: ClassVar[dict] = {}
     #: how a canvas starts: "mask" (every slot the mask token) or "uniform" (random tokens,
-    #: DiffusionGemma: engine/uniform.py decodes it, with a sampler of the same noise)
+    #: DiffusionGemma: engine/requests/uniform_sequence.py decodes it, with a sampler of the same noise)
     noise: ClassVar[str] = "mask"
     #: checkpoint tensors the family does not use (DiffusionGemma's vision tower: text only)
     ignored_prefixes: ClassVar[tuple[str, ...]] = ()
-    #: whether the family is built from the parallel layers (engine/parallel), so it can split over ranks.
+    #: whether the family is built from the parallel layers (layers/parallel.py), so it can split over ranks.
     #: False by default: a plugin family of plain nn.Linear layers would load whole on every rank while
     #: its KV pool took one rank's heads, so it is refused under tensor parallelism until it says so.
     tensor_parallel: ClassVar[bool] = False

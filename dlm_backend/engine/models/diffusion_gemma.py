@@ -2,7 +2,7 @@
 MoE run two ways with the same weights. Text only: the vision tower's tensors are not loaded.
 
 * **Encoder rows** attend causally and write the KV cache: the prompt's prefill, then each finished
-  canvas again, to commit it (engine/uniform.py plans these as *cache* passes).
+  canvas again, to commit it (engine/requests/uniform_sequence.py plans these as *cache* passes).
 * **Decoder rows** denoise a canvas: bidirectional over [cached prefix ; canvas], reading the
   cache without writing it (their keys go to the canvas's own pages, which the commit overwrites),
   and their embeddings take the previous step's logits as self-conditioning
@@ -41,7 +41,7 @@ from dlm_backend.engine.layers.routers import softmax_topk
 from dlm_backend.engine.models.base import DiffusionLM, ModelArgs
 from dlm_backend.engine.models.diffusion_gemma_config import GemmaArgs, read_config
 from dlm_backend.engine.parallel.group import build_group
-from dlm_backend.engine.parallel.layers import ColumnLinear, RowLinear, Sharded, kv_linear
+from dlm_backend.engine.layers.parallel import ColumnLinear, RowLinear, Sharded, kv_linear
 from dlm_backend.engine.params import checkpoint_values
 
 
@@ -205,9 +205,9 @@ class EncoderScalars(nn.Module):
 
 class DiffusionGemmaForBlockDiffusion(DiffusionLM):
     """DiffusionGemma 26B-A4B (and checkpoints of its shape): canvases of uniform noise, denoised by
-    the decoder over the encoder's cache (engine/uniform.py, samplers/diffusiongemma.py)."""
+    the decoder over the encoder's cache (engine/requests/uniform_sequence.py, samplers/diffusiongemma.py)."""
 
-    tensor_parallel = True                   # built from engine/parallel's layers
+    tensor_parallel = True                   # built from layers/parallel.py
     noise = "uniform"
     # The reference generate()'s defaults (transformers DiffusionGemmaGenerationConfig), under the
     # checkpoint's generation_config.json (family_defaults).

@@ -13,8 +13,8 @@ from torch import nn
 from dlm_backend.engine.layers import RMSNorm, attention, rotate_qk
 from dlm_backend.engine.layers.mlp import GatedMLP
 from dlm_backend.engine.models.base import DiffusionLM, ModelArgs
-from dlm_backend.engine.parallel.layers import ColumnLinear, RowLinear, VocabEmbedding, VocabLinear, kv_linear
-from dlm_backend.engine.models.config import MAX_HEADS, MAX_LAYERS, MAX_POSITIONS, MAX_VOCAB, ConfigReader
+from dlm_backend.engine.layers.parallel import ColumnLinear, RowLinear, VocabEmbedding, VocabLinear, kv_linear
+from dlm_backend.engine.models.config_reader import MAX_HEADS, MAX_LAYERS, MAX_POSITIONS, MAX_VOCAB, ConfigReader
 
 
 class DreamAttention(nn.Module):
@@ -67,7 +67,7 @@ class DreamBase(nn.Module):
 
 
 class DreamModel(DiffusionLM):
-    tensor_parallel = True                   # built from engine/parallel's layers
+    tensor_parallel = True                   # built from layers/parallel.py
     logits_shift = 1
 
     def __init__(self, args: ModelArgs):

@@ -5,7 +5,7 @@ rotary, untied head, the prediction for position i read at i - 1), so this famil
 its checkpoint says differently: the block (``bd_size``, 32 in the released 1.5B and 7B) and the
 mask token, which the released config leaves out (the reference ``generate()`` takes it as an
 argument, 151665, the tokenizer's ``|<MASK>|``). The block-causal decoding itself lives in
-engine/blocks.py and samplers/fastdllm2.py.
+engine/requests/block_sequence.py and samplers/fastdllm2.py.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from dlm_backend.engine.models.base import ModelArgs
-from dlm_backend.engine.models.config import MAX_POSITIONS, ConfigReader
+from dlm_backend.engine.models.config_reader import MAX_POSITIONS, ConfigReader
 from dlm_backend.engine.models.dream import DreamModel
 from dlm_backend.errors import CheckpointError
 

@@ -11,8 +11,8 @@ from torch import nn
 
 from dlm_backend.engine.layers import RMSNorm, attention, rotate_qk, swiglu
 from dlm_backend.engine.models.base import DiffusionLM, ModelArgs
-from dlm_backend.engine.parallel.layers import ColumnLinear, RowLinear, VocabEmbedding, VocabLinear, kv_linear
-from dlm_backend.engine.models.config import MAX_HEADS, MAX_LAYERS, MAX_POSITIONS, MAX_VOCAB, ConfigReader
+from dlm_backend.engine.layers.parallel import ColumnLinear, RowLinear, VocabEmbedding, VocabLinear, kv_linear
+from dlm_backend.engine.models.config_reader import MAX_HEADS, MAX_LAYERS, MAX_POSITIONS, MAX_VOCAB, ConfigReader
 
 
 class LLaDABlock(nn.Module):
@@ -65,7 +65,7 @@ class _Holder(nn.Module):
 
 
 class LLaDAModelLM(DiffusionLM):
-    tensor_parallel = True                   # built from engine/parallel's layers
+    tensor_parallel = True                   # built from layers/parallel.py
     logits_shift = 0
 
     def __init__(self, args: ModelArgs, qkv_bias: bool = False):

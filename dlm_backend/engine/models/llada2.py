@@ -24,8 +24,8 @@ from dlm_backend.engine.layers import RMSNorm, attention, rotate_qk
 from dlm_backend.engine.layers.mlp import GatedMLP
 from dlm_backend.engine.layers.routers import StackedExperts, grouped_sigmoid_topk, stacked_expert_name
 from dlm_backend.engine.models.base import DiffusionLM, ModelArgs
-from dlm_backend.engine.parallel.layers import RowLinear, VocabEmbedding, VocabLinear, local_heads, qkv_linear
-from dlm_backend.engine.models.config import MAX_HEADS, MAX_LAYERS, MAX_POSITIONS, MAX_VOCAB, ConfigReader
+from dlm_backend.engine.layers.parallel import RowLinear, VocabEmbedding, VocabLinear, local_heads, qkv_linear
+from dlm_backend.engine.models.config_reader import MAX_HEADS, MAX_LAYERS, MAX_POSITIONS, MAX_VOCAB, ConfigReader
 from dlm_backend.errors import CheckpointError
 
 BLOCK_LENGTH = 32       # the reference generate()'s block_length default; config.json has none
@@ -151,7 +151,7 @@ class LLaDA2MoeModel(nn.Module):
 class LLaDA2MoeModelLM(DiffusionLM):
     """LLaDA2.0 / 2.1 mini and flash (and -CAP): block-diffusion MoE, untied fp32-logit head."""
 
-    tensor_parallel = True                   # built from engine/parallel's layers
+    tensor_parallel = True                   # built from layers/parallel.py
     logits_shift = 0
     # The LLaDA2.0 report's evaluation set-up (§6.1): greedy, blocks of 32, threshold 0.95.
     sampling_defaults = {"sampler": "llada2", "threshold": 0.95, "cache": "prefix"}

@@ -18,8 +18,8 @@ from dlm_backend.engine.layers import RMSNorm, attention, rotate_qk
 from dlm_backend.engine.layers.mlp import GatedMLP
 from dlm_backend.engine.layers.routers import StackedExperts, softmax_topk, stacked_expert_name
 from dlm_backend.engine.models.base import DiffusionLM, ModelArgs
-from dlm_backend.engine.parallel.layers import ColumnLinear, RowLinear, VocabEmbedding, VocabLinear, kv_linear
-from dlm_backend.engine.models.config import MAX_HEADS, MAX_LAYERS, MAX_POSITIONS, MAX_VOCAB, ConfigReader
+from dlm_backend.engine.layers.parallel import ColumnLinear, RowLinear, VocabEmbedding, VocabLinear, kv_linear
+from dlm_backend.engine.models.config_reader import MAX_HEADS, MAX_LAYERS, MAX_POSITIONS, MAX_VOCAB, ConfigReader
 from dlm_backend.errors import CheckpointError
 
 MAX_EXPERTS = 4096
@@ -123,7 +123,7 @@ class SDARModel(nn.Module):
 class SDARForCausalLM(DiffusionLM):
     """SDAR / TraDo dense checkpoints (Qwen3 layers), block-causal with config.json's block_size."""
 
-    tensor_parallel = True                   # built from engine/parallel's layers
+    tensor_parallel = True                   # built from layers/parallel.py
     logits_shift = 0
     # SDAR's dynamic low-confidence rule at 0.9 (its README, JetEngine and LMDeploy examples).
     sampling_defaults = {"sampler": "sdar", "remasking": "low_confidence_dynamic", "threshold": 0.9,

@@ -106,6 +106,24 @@ class TPGroup:
         return int(t)
 
 
+def agree(group: TPGroup, build):
+    """``build()`` on every rank; if it fails on any, every rank raises a DLMError naming the first
+    failure (a bad size, a missing tensor), so no rank waits for a shard that never loads."""
+    result, status = None, None
+    try:
+        result = build()
+    except Exception as exc:  # noqa: BLE001 - reported to every rank below
+        status = f"{exc}" if isinstance(exc, DLMError) else f"{type(exc).__name__}: {exc}"
+    statuses = [None] * group.world
+    dist.all_gather_object(statuses, status, group=group.cpu_group)
+    failed = [(r, s) for r, s in enumerate(statuses) if s is not None]
+    if failed:
+        rank, message = failed[0]
+        raise DLMError(message if rank == group.rank else
+                       f"Rank {rank} of the tensor-parallel engine failed: {message}")
+    return result
+
+
 @contextlib.contextmanager
 def building(group: TPGroup | None):
     """Build models inside this block for ``group`` (None: one device)."""

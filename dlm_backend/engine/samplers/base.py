@@ -92,7 +92,7 @@ class Sampler(ABC):
     def step(self, inp: StepInput) -> Commit:
         """Choose the slots to commit in this pass (at least one when any are masked)."""
 
-    # -- block-diffusion families (engine/blocks.py) ---------------------------------------------
+    # -- block-diffusion families (engine/requests/block_sequence.py) ---------------------------------------------
 
     #: the sampler rewrites committed slots of the current block (LLaDA2.1 token editing): it is
     #: handed every slot of the block past the prompt, with ``StepInput.current`` and ``.masked``
@@ -109,7 +109,7 @@ class Sampler(ABC):
 
     def begin_canvas(self, random, vocab_size: int, length: int, params: SamplingParams) -> object:
         """Uniform noise: a canvas's state, its ``length`` starting tokens drawn through ``random``
-        (engine/uniform.py keeps it as the block state; the sampler's own type)."""
+        (engine/requests/uniform_sequence.py keeps it as the block state; the sampler's own type)."""
         raise TypeError(f"{type(self).__name__} decodes masked canvases; it has no begin_canvas")
 
     def sub_block(self, params: SamplingParams) -> int | None:

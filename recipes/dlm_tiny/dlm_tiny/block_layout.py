@@ -1,7 +1,7 @@
 """The block layout (``--block-size N``): dlm-tiny trained as a block-diffusion model, Fast-dLLM v2's way.
 
 Served, a Fast-dLLM v2 checkpoint decodes blocks of N positions aligned to position 0, left to right
-(engine/blocks.py, samplers/fastdllm2.py): a cache pass runs the finished blocks block-causally and
+(engine/requests/block_sequence.py, samplers/fastdllm2.py): a cache pass runs the finished blocks block-causally and
 reads the next block's first token at the position before it, autoregressively; denoise passes feed
 the block with its other slots masked and read the cache. Training computes both in one forward pass,
 as Fast-dLLM v2 and SDAR train: each example clean, then a noisy copy of the blocks that hold its reply

@@ -75,7 +75,7 @@ class PackedBatches:
 
     ``block_size`` > 0 lays each example out in the block layout (block_layout.py): clean, then a noisy
     copy from the block holding its first reply token. Its EOS run is drawn as above and then runs
-    on to the end of its block, as a served canvas does (engine/blocks.py decodes whole blocks); a
+    on to the end of its block, as a served canvas does (engine/requests/block_sequence.py decodes whole blocks); a
     cut to fit a row ends on a block boundary too. Examples whose reply and one EOS do not fit
     ``max_len`` in this layout are left out; ``dropped`` counts them.
     """

@@ -32,7 +32,7 @@ from tqdm.auto import tqdm
 
 from dlm_backend.engine.models.dream import DreamModel
 from dlm_backend.errors import DLMError
-from dlm_backend.engine.tokenizer import Tokenizer as ChatTokenizer
+from dlm_backend.engine.checkpoint.tokenizer import Tokenizer as ChatTokenizer
 from dlm_tiny import corpus
 from dlm_tiny.compiled import compile_layers
 from dlm_tiny.circuits import build_copy_circuit, freeze_copy_circuit, freeze_parts

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from dlm_backend.engine.models.dream import DreamModel
-from dlm_backend.engine.tokenizer import Tokenizer as ChatTokenizer
+from dlm_backend.engine.checkpoint.tokenizer import Tokenizer as ChatTokenizer
 from dlm_tiny import corpus
 from dlm_tiny.checkpoint import build_tokenizer, model_config, write_checkpoint_files
 from dlm_tiny.checks import bf16_is_native

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from write_prose_questions import TEACHER, fetch  # noqa: E402
 
 from dlm_backend.chat.tool_calls import normalize_tools  # noqa: E402
-from dlm_backend.engine.tokenizer import Tokenizer as ChatTokenizer  # noqa: E402
+from dlm_backend.engine.checkpoint.tokenizer import Tokenizer as ChatTokenizer  # noqa: E402
 from dlm_tiny import handwritten  # noqa: E402
 from dlm_tiny.teacher import load_teacher  # noqa: E402
 

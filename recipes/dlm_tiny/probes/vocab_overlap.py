@@ -20,7 +20,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
-from dlm_backend.engine.loader import EMBEDDED_MODEL
+from dlm_backend.engine.checkpoint.folder import EMBEDDED_MODEL
 from dlm_tiny import corpus, evaluate, handwritten
 
 

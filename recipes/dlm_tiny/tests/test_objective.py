@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from dlm_backend.engine.models.dream import DreamModel
-from dlm_backend.engine.tokenizer import Tokenizer as ChatTokenizer
+from dlm_backend.engine.checkpoint.tokenizer import Tokenizer as ChatTokenizer
 from dlm_backend.errors import DLMError
 from dlm_tiny import corpus
 from dlm_tiny.checkpoint import build_tokenizer, model_config, write_checkpoint_files

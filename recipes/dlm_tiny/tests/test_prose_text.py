@@ -3,7 +3,7 @@
 import re
 from pathlib import Path
 
-from dlm_backend.engine.tokenizer import Tokenizer as ChatTokenizer
+from dlm_backend.engine.checkpoint.tokenizer import Tokenizer as ChatTokenizer
 from dlm_tiny import corpus
 from dlm_tiny.prose_qa import MAX_PASSAGE_CHARS, ProseBank
 from dlm_tiny.train import encode_examples

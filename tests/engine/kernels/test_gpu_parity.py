@@ -7,7 +7,7 @@ import torch
 from safetensors.torch import load_file
 
 from dlm_backend import LLM
-from helpers import PARITY, forward, parity_cases, parity_params
+from tests.helpers import PARITY, forward, parity_cases, parity_params
 pytestmark = pytest.mark.gpu
 
 

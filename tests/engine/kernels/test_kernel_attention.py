@@ -2,10 +2,9 @@
 
 import pytest
 import torch
-from kernel_utils import DEVICE, DTYPES, TOL
+from tests.engine.kernels.kernel_utils import DEVICE, DTYPES, TOL, ranged_attention
 
 from dlm_backend.engine.kernels.attention import attention
-from dlm_backend.engine.layers.attention import ranged_attention
 
 
 def _i32(values):

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from kernel_utils import DEVICE, DTYPES, TOL
+from tests.engine.kernels.kernel_utils import DEVICE, DTYPES, TOL
 
 from dlm_backend.engine.kernels.rmsnorm import rmsnorm
 from dlm_backend.engine.kernels.rotary import rotary_

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from kernel_utils import DEVICE, DTYPES, TOL
+from tests.engine.kernels.kernel_utils import DEVICE, DTYPES, TOL
 
 from dlm_backend.engine.kernels import moe as moe_kernel
 from dlm_backend.engine.kernels.moe import align_by_expert, fused_moe
@@ -104,7 +104,10 @@ def test_zero_routing_weights_contribute_nothing():
     got = fused_moe(x, idx, w, gate, up, down)
     other = idx.clone()
     other[:, 1:] = (idx[:, 1:] + 1) % E                             # zero slots pointed elsewhere
-    assert torch.equal(got, fused_moe(x, other, w, gate, up, down))
+    # Other routing regroups the rows of each expert's GEMM tiles, and the interpreter's numpy
+    # products may round a row differently in another tile (last bits): close, not bit-equal. A zero
+    # slot that contributed would be off by its expert's whole output (~0.1 here).
+    torch.testing.assert_close(got, fused_moe(x, other, w, gate, up, down), rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(got, routed_experts(x, idx[:, :1], w[:, :1], gate, up, down), **MOE_TOL[x.dtype])
     assert torch.equal(fused_moe(x, idx, torch.zeros_like(w), gate, up, down), torch.zeros_like(x))
 

@@ -3,7 +3,7 @@ sequences in one launch, GQA, odd lengths, head dims that are not powers of two.
 
 import pytest
 import torch
-from kernel_utils import DEVICE, DTYPES, TOL
+from tests.engine.kernels.kernel_utils import DEVICE, DTYPES, TOL
 
 from dlm_backend.engine.kernels.paged_attention import paged_attention
 from dlm_backend.engine.layers.paged_attention import paged_attention_ref, write_kv

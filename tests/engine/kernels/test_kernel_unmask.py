@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from kernel_utils import DEVICE, DTYPES
+from tests.engine.kernels.kernel_utils import DEVICE, DTYPES
 
 from dlm_backend.engine.kernels.unmask import unmask_stats
 from dlm_backend.engine.layers.head import greedy_confidence

@@ -9,8 +9,8 @@ import torch
 from dlm_backend import LLM, SamplingParams
 from dlm_backend.engine.kv import KVPool
 from dlm_backend.engine.layers.paged_attention import PagedBatch
-from dlm_backend.engine.graphs import BlockGraphs, bucket_for
-from dlm_backend.engine.config import EngineConfig
+from dlm_backend.engine.forward.cuda_graphs import BlockGraphs, bucket_for
+from dlm_backend.engine.engine_config import EngineConfig
 from dlm_backend.engine.kernels import interpreting, resolve_kernels
 from dlm_backend.engine.kernels._common import dot_upcast
 from dlm_backend.engine.layers import ForwardContext, PackedAttention, Segment, forward_context

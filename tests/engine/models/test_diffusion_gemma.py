@@ -7,12 +7,12 @@ import shutil
 
 import pytest
 import torch
-from helpers import FIXTURES
+from tests.helpers import FIXTURES
 from safetensors.torch import load_file, save_file
 
-from dlm_backend.engine.loader import read_config
+from dlm_backend.engine.checkpoint.folder import read_config
 from dlm_backend.engine.models.diffusion_gemma import inverse_frequencies
-from dlm_backend.engine.weights import load_model
+from dlm_backend.engine.checkpoint.weights import load_model
 from dlm_backend.errors import CheckpointError
 from dlm_backend.parity.forward import PagedRun
 

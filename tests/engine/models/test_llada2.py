@@ -6,17 +6,17 @@ import shutil
 
 import pytest
 import torch
-from helpers import FIXTURES
+from tests.helpers import FIXTURES
 from safetensors.torch import load_file, save_file
 
 from dlm_backend import LLM
-from dlm_backend.engine.checkpoint import open_checkpoint
-from dlm_backend.engine.config import EngineConfig
+from dlm_backend.engine.checkpoint.load import open_checkpoint
+from dlm_backend.engine.engine_config import EngineConfig
 from dlm_backend.engine.layers import ForwardContext, PackedAttention, Segment, forward_context
-from dlm_backend.engine.loader import read_config
+from dlm_backend.engine.checkpoint.folder import read_config
 from dlm_backend.engine.models.llada2 import LLaDA2MoeModelLM, LLaDA2MoeSparseMoeBlock
 from dlm_backend.engine.models.registry import supported_architectures
-from dlm_backend.engine.weights import load_model
+from dlm_backend.engine.checkpoint.weights import load_model
 from dlm_backend.errors import CheckpointError, DLMError
 
 FIXTURE = FIXTURES / "parity-block" / "llada2-tiny"

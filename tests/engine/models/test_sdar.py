@@ -8,15 +8,15 @@ import shutil
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import FIXTURES
+from tests.helpers import FIXTURES
 from safetensors.torch import load_file, save_file
 
 from dlm_backend.engine.layers import ForwardContext, PackedAttention, Segment, forward_context
-from dlm_backend.engine.loader import read_config
+from dlm_backend.engine.checkpoint.folder import read_config
 from dlm_backend.engine.models.registry import supported_architectures
 from dlm_backend.engine.layers.mlp import GatedMLP
 from dlm_backend.engine.models.sdar import SDARForCausalLM, SDARMoeForCausalLM, SDARMoeSparseMoeBlock
-from dlm_backend.engine.weights import load_model
+from dlm_backend.engine.checkpoint.weights import load_model
 from dlm_backend.parity.forward import PagedRun
 from dlm_backend.errors import CheckpointError
 

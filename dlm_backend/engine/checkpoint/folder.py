@@ -1,0 +1,157 @@
+"""Find a checkpoint (local folder or hub id), read its config and load its safetensors weights.
+
+Only safetensors are ever read; pickle checkpoints (.bin/.pt/.pth) are refused, and no remote code
+is executed. The model is built on the meta device, so weights are materialised once, straight on
+the target device and dtype.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from dlm_backend.engine.checkpoint.files import MAX_JSON_BYTES, checkpoint_file, read_checkpoint_file
+from dlm_backend.engine.models.registry import resolve_model_class
+from dlm_backend.errors import CheckpointError, ModelNotFoundError, UnsafeCheckpointError
+
+HUB_PATTERNS = ["*.json", "*.safetensors", "*.jinja", "tokenizer*"]
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+
+
+#: The embedded model, shipped inside the package (trained by recipes/dlm_tiny).
+EMBEDDED_MODEL = Path(__file__).resolve().parents[2] / "assets" / "dlm-tiny"
+
+
+def default_model() -> str:
+    """``$DLM_MODEL`` if set, else the embedded dlm-tiny checkpoint."""
+    return os.environ.get("DLM_MODEL") or str(EMBEDDED_MODEL)
+
+
+def resolve_checkpoint(model: str | os.PathLike, revision: str | None = None,
+                       patterns: list[str] = HUB_PATTERNS) -> Path:
+    """A local folder holding the checkpoint: ``model`` itself, or a hub snapshot of it.
+
+    Hub downloads go through huggingface_hub, so ``HF_HUB_OFFLINE``, ``HF_HOME`` and the local cache
+    behave as everywhere else in the HF ecosystem. ``patterns`` limits what a download fetches.
+    """
+    path = Path(model).expanduser()
+    if path.is_dir():
+        return path
+    if path.resolve() == EMBEDDED_MODEL:
+        raise ModelNotFoundError(
+            "No model was named and the embedded dlm-tiny checkpoint is not built in this install. "
+            "Pass a model (a folder or hub id such as 'GSAI-ML/LLaDA-8B-Instruct'), set DLM_MODEL, or "
+            f"build dlm-tiny with `dlm train` and copy its model/ folder to {EMBEDDED_MODEL}.")
+    name = str(model)
+    if path.is_file():
+        raise ModelNotFoundError(f"{name!r} is a file; pass the folder that holds it ({str(path.parent)!r}).")
+    if path.exists() or name.startswith((".", "/", "~")) or name.count("/") > 1:
+        raise ModelNotFoundError(f"Model folder {name!r} does not exist. Pass an existing checkpoint "
+                                 "folder or a hub id like 'GSAI-ML/LLaDA-8B-Instruct'.")
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import (HfHubHTTPError, HFValidationError, LocalEntryNotFoundError,
+                                        RepositoryNotFoundError)
+
+    try:
+        return Path(snapshot_download(name, revision=revision, allow_patterns=patterns))
+    except HFValidationError as exc:        # "my model", "C:\\models\\llada": neither a folder nor an id
+        raise ModelNotFoundError(f"{name!r} is neither an existing folder nor a hub id ({exc}). Pass a "
+                                 "checkpoint folder or an id like 'GSAI-ML/LLaDA-8B-Instruct'.") from None
+    except LocalEntryNotFoundError as exc:
+        raise ModelNotFoundError(
+            f"Model {name!r} is not in the local Hugging Face cache and the hub cannot be reached "
+            f"(offline={_offline()}). Download it once with network access "
+            f"(`huggingface-cli download {name}`), or pass a local checkpoint folder.") from exc
+    except RepositoryNotFoundError as exc:
+        raise ModelNotFoundError(f"Hub repository {name!r} does not exist or is private. Check the id, "
+                                 "or log in with `huggingface-cli login`.") from exc
+    except (HfHubHTTPError, OSError) as exc:
+        raise ModelNotFoundError(f"Could not fetch {name!r} from the hub: {exc}. Check the network, "
+                                 "or pass a local checkpoint folder.") from exc
+    except Exception as exc:  # noqa: BLE001 - the HTTP client's own errors (a proxy's 407, TLS) pass through the hub
+        raise ModelNotFoundError(f"Could not fetch {name!r} from the hub ({type(exc).__name__}: {exc}). Check "
+                                 "the network and proxy settings, or pass a local checkpoint folder.") from exc
+
+
+def _offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes")
+
+
+def read_config(folder: Path) -> dict:
+    config = read_json(folder, "config.json")
+    if config is None:
+        raise CheckpointError(f"{folder} has no config.json. Point at the folder that holds the "
+                              "checkpoint's config.json and safetensors files.")
+    generation = read_json(folder, "generation_config.json")
+    if generation is not None:
+        config["_generation_config"] = generation
+    return config
+
+
+def read_json(folder: Path, name: str) -> dict | None:
+    """A checkpoint's JSON file (None when absent), read confined to the folder and bounded in size;
+    a truncated or hand-broken one is a CheckpointError naming it."""
+    data, path = read_checkpoint_file(folder, name, MAX_JSON_BYTES), folder / name
+    if data is None:
+        return None
+    try:
+        value = json.loads(data)
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:   # RecursionError: [[[[... 10**5 deep
+        raise CheckpointError(f"{path} is not valid JSON ({str(exc)[:200]}). Re-download the checkpoint or fix "
+                              "the file.") from None
+    if not isinstance(value, dict):
+        raise CheckpointError(f"{path} must hold a JSON object. Re-download the checkpoint or fix the file.")
+    return value
+
+
+def context_length(model: str, revision: str | None = None) -> int:
+    """The model's context window from its config.json alone: no weights are read or downloaded.
+
+    Frameworks ask for it before the first request (LlamaIndex's ``metadata``), often on an event
+    loop, where loading an 8B checkpoint would stall everything for tens of seconds.
+    """
+    config = read_config(resolve_checkpoint(model, revision, patterns=["*.json"]))
+    return _from_config(resolve_model_class(config).args_from_config, config).max_positions
+
+
+def _from_config(build, config: dict):
+    try:
+        return build(config)
+    except KeyError as exc:
+        raise CheckpointError(f"config.json lacks {exc.args[0]!r}, which this architecture needs. Re-download "
+                              "the checkpoint or add the field.") from None
+
+
+def safetensors_files(folder: Path) -> list[Path]:
+    """The weight files, from ``model.safetensors.index.json`` when sharded."""
+    index = folder / "model.safetensors.index.json"
+    index_json = read_json(folder, index.name)
+    if index_json is not None:
+        weight_map = index_json.get("weight_map", {})
+        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+            raise CheckpointError(f"{index}: 'weight_map' must map tensor names to shard file names. Re-download "
+                                  "the checkpoint.")
+        files = {name: checkpoint_file(folder, name, index.name) for name in sorted(set(weight_map.values()))}
+        missing = [name for name, file in files.items() if file is None]
+        if missing:
+            raise CheckpointError(f"Shards listed in {index.name} are missing: {', '.join(missing)}. "
+                                  "Re-download the checkpoint.")
+        return sorted(set(files.values()))
+    # HF names weights model.safetensors / model-0000i-of-0000n.safetensors; other *.safetensors
+    # files in a folder (adapters, test data) are not this model's weights. Each must be a regular
+    # file inside the folder (safetensors memory-maps it; a FIFO would block the open).
+    files = sorted(checkpoint_file(folder, f.name) for f in folder.glob("model*.safetensors"))
+    if files:
+        return files
+    # A hub download fetches no pickle, but a sharded one's index (pytorch_model.bin.index.json) shows it.
+    pickles = sorted(p.name for p in folder.iterdir() if p.suffix in PICKLE_SUFFIXES or p.name.endswith(".bin.index.json"))
+    if pickles:
+        raise UnsafeCheckpointError(
+            f"{folder} holds only pickle weights ({', '.join(pickles)}). Pickle files can run arbitrary "
+            "code when loaded, so dlm_backend never reads them. Convert the checkpoint to safetensors "
+            "(e.g. `safetensors.torch.save_file(torch.load(f, weights_only=True), 'model.safetensors')` "
+            "in a trusted environment) or use a repository that publishes safetensors.")
+    raise CheckpointError(f"{folder} has no model*.safetensors weights. Point at a complete checkpoint folder "
+                          "(a hub repository that publishes only pickle .bin weights is not read: use one with "
+                          "safetensors).")
