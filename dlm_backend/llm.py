@@ -173,13 +173,12 @@ class LLM:
         Bad input raises here, at the call; the request is queued (and ``timeout`` starts) on the
         first ``next()``."""
         ids = self._prompt_ids(prompt, None if prompt_token_ids is None else [prompt_token_ids])[0]
-        params = sampling_params or self.sampling_params()
-        self.engine.check(ids, params, response_template)
+        seq = self.engine.admit(ids, sampling_params or self.sampling_params(), response_template=response_template)
 
         def chunks():
             q: queue.Queue = queue.Queue()
             with self._requests(background=False, timeout=timeout) as batch:
-                batch.submit(ids, params, q.put, response_template)
+                batch.enqueue(seq, q.put)
                 for chunk in self._loop.drive(q):
                     yield batch.checked(chunk)
         return chunks()
@@ -253,10 +252,13 @@ class _Batch:
             self.loop.abort(request_id)
 
     def submit(self, prompt_ids, params, sink, template=None) -> str:
+        return self.enqueue(self.loop.engine.admit(prompt_ids, params, response_template=template), sink)
+
+    def enqueue(self, seq, sink) -> str:
+        """Queue an admitted request (``LLMEngine.admit``) as one of this call's."""
         if self.timed_out:
             raise self.expired()
-        self.ids.append(self.loop.submit(prompt_ids, params, sink, background=self.background,
-                                         response_template=template))
+        self.ids.append(self.loop.enqueue(seq, sink, background=self.background))
         if self.timed_out:                  # expired while this one was being queued
             self.loop.abort(self.ids[-1])
         return self.ids[-1]

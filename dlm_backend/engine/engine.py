@@ -24,9 +24,9 @@ from dlm_backend.engine.forward.runner import ModelRunner
 from dlm_backend.engine.samplers.base import Sampler
 from dlm_backend.engine.samplers.random import ReplayRandom
 from dlm_backend.engine.scheduler import Scheduler
-from dlm_backend.engine.requests.sequence import Sequence
+from dlm_backend.engine.requests.sequence import ScheduledBatch, Sequence
 from dlm_backend.engine.requests.uniform_sequence import UniformSequence
-from dlm_backend.engine.requests.admission import check_request, find_sampler
+from dlm_backend.engine.requests.admission import admit, find_sampler
 from dlm_backend.errors import ParallelWorkerError, QueueFullError, SamplingParamsError
 
 
@@ -80,8 +80,13 @@ class LLMEngine:
         return self.checkpoint.tokens
 
     @property
+    def model(self):
+        """The loaded model (this rank's shard): for tools that check its forward, such as ``dlm parity``."""
+        return self.checkpoint.model
+
+    @property
     def model_args(self):
-        return self.checkpoint.model.args
+        return self.model.args
 
     @property
     def sampling_defaults(self) -> dict:
@@ -104,38 +109,36 @@ class LLMEngine:
         self.limits = EngineLimits(**values)
         self.scheduler.limits = self.limits
 
-    def check(self, prompt_token_ids: list[int], params: SamplingParams,
-              response_template: list[int | None] | None = None) -> Sampler:
-        """The DLMError ``add_request`` would raise, without queueing anything; else the sampler. A
-        server calls it before a streamed response's 200 goes out."""
-        return check_request(self, prompt_token_ids, params, response_template)
-
-    def add_request(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None,
-                    response_template: list[int | None] | None = None, draws: list[dict] | None = None) -> Sequence:
-        """Validate and queue one request; raises a DLMError (and queues nothing) on bad input.
+    def admit(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None,
+              response_template: list[int | None] | None = None) -> Sequence:
+        """Check one request and build its :class:`Sequence` without queueing it (a DLMError on bad
+        input): a server admits before a streamed response's 200 goes out, and queues what it got.
 
         ``response_template`` fixes output tokens in advance (``None`` = a slot to denoise); it must
-        fit in ``max_tokens``. ``draws`` replays a recorded run's random draws instead of drawing
-        (samplers/random.py ``ReplayRandom``: ``dlm parity`` checks a sampled reference run with it).
+        fit in ``max_tokens``.
         """
+        return admit(self, prompt_token_ids, params, request_id, response_template)
+
+    def enqueue(self, seq: Sequence, draws: list[dict] | None = None) -> Sequence:
+        """Queue an admitted request; a QueueFullError past ``max_waiting``. ``draws`` replays a
+        recorded run's random draws instead of drawing (samplers/random.py ``ReplayRandom``: ``dlm
+        parity`` checks a sampled reference run with it)."""
         if self.failure is not None:
             raise self.failure
         if self.is_full:
             self.stats.record_rejected()
             raise QueueFullError(f"The engine's queue is full ({self.limits.max_waiting} requests waiting). "
                                  "Retry shortly, or raise max_waiting.")
-        sampler = self.check(prompt_token_ids, params, response_template)
-        seq = self.new_sequence(prompt_token_ids, params, sampler, request_id, response_template)
         if draws is not None:
             seq.random = ReplayRandom(draws, self.device)
         self.scheduler.add(seq)
         return seq
 
-    def new_sequence(self, prompt_token_ids, params, sampler, request_id=None, response_template=None) -> Sequence:
-        params = params if params.block_length or not self.model_args.block_size else \
-            params.replace(block_length=self.model_args.block_size)     # a block family decodes in its own blocks
-        return self.sequence_class(prompt_token_ids, params, sampler, self.tokens, request_id, response_template,
-                                   self.tokenizer)
+    def add_request(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None,
+                    response_template: list[int | None] | None = None, draws: list[dict] | None = None) -> Sequence:
+        """Admit and queue one request (:meth:`admit`, :meth:`enqueue`); raises a DLMError (and queues
+        nothing) on bad input."""
+        return self.enqueue(self.admit(prompt_token_ids, params, request_id, response_template), draws)
 
     def abort(self, request_id: str) -> StreamChunk | None:
         """Cancel a request now, freeing its slot and cache; returns its final chunk (None if unknown)."""
@@ -184,9 +187,10 @@ class LLMEngine:
         now = time.monotonic
         # Requests finished before their first pass (a template fixing every slot) report at once.
         chunks = [seq.take_chunk(now()) for seq in self.scheduler.remove_finished()]
-        batch = self.scheduler.schedule()
+        scheduled = self.scheduler.schedule()
+        batch = scheduled.seqs
         if batch:
-            self._run_isolated(batch)
+            self._run_isolated(scheduled)
         if self.failure is not None:          # nothing can run again: every request still here fails now
             lost = [s for s in (*self.scheduler.running, *self.scheduler.waiting) if s not in batch]
             for seq in (*batch, *lost):
@@ -209,11 +213,13 @@ class LLMEngine:
         self.scheduler.remove_finished()
         return chunks
 
-    def _run_isolated(self, batch: list[Sequence]) -> None:
-        """Run one pass; if it fails, retry the requests one by one so only the culprit fails."""
+    def _run_isolated(self, scheduled: ScheduledBatch) -> None:
+        """Run one pass; if it fails, retry the requests one by one (each planned again: some may
+        have recorded their pass) so only the culprit fails."""
+        batch = scheduled.seqs
         passes = {s.seq_id: s.num_forward_passes for s in batch}
         try:
-            self.runner.step(batch)
+            self.runner.step(scheduled)
             return
         except ParallelWorkerError:
             return                                # step() fails every request of a failed engine
@@ -224,7 +230,7 @@ class LLMEngine:
         for seq in batch:
             if seq.num_forward_passes == passes[seq.seq_id] and not seq.is_finished:
                 try:
-                    self.runner.step([seq])
+                    self.runner.step(self.scheduler.plan([seq]))
                 except Exception as exc:  # noqa: BLE001
                     seq.fail(exc)
 

@@ -19,6 +19,7 @@ from typing import Callable, Iterator
 from dlm_backend.engine.engine import LLMEngine
 from dlm_backend.engine.outputs import StreamChunk
 from dlm_backend.engine.params import SamplingParams
+from dlm_backend.engine.requests.sequence import Sequence
 from dlm_backend.errors import DLMError
 
 log = logging.getLogger(__name__)
@@ -79,11 +80,16 @@ class EngineLoop:
     def submit(self, prompt_token_ids: list[int], params: SamplingParams, sink: Sink,
                request_id: str | None = None, background: bool = False,
                response_template: list[int | None] | None = None) -> str:
-        """Queue a request (DLMError raised here, in the caller's thread, for bad input)."""
+        """Check and queue a request (DLMError raised here, in the caller's thread, for bad input)."""
+        self._check_open()
+        seq = self.engine.admit(prompt_token_ids, params, request_id, response_template)
+        return self.enqueue(seq, sink, background)
+
+    def enqueue(self, seq: Sequence, sink: Sink, background: bool = False) -> str:
+        """Queue a request the engine admitted (``LLMEngine.admit``); its chunks go to ``sink``."""
         with self._state.now():
-            if self.closed:
-                raise DLMError("This engine was closed (LLM.close()); create a new LLM to load the model again.")
-            seq = self.engine.add_request(prompt_token_ids, params, request_id, response_template)
+            self._check_open()
+            self.engine.enqueue(seq)
             self._sinks[seq.request_id] = sink
         if background:
             with self._wake:
@@ -93,6 +99,10 @@ class EngineLoop:
                     self._thread.start()
                 self._wake.notify()
         return seq.request_id
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise DLMError("This engine was closed (LLM.close()); create a new LLM to load the model again.")
 
     def abort(self, request_id: str) -> None:
         """Cancel a request now: its slot and cache are freed and its consumer gets a final chunk."""

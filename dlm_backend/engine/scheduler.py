@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import deque
 
 from dlm_backend.engine.kv import PageAllocator
-from dlm_backend.engine.requests.sequence import Sequence, Status
+from dlm_backend.engine.requests.sequence import ScheduledBatch, Sequence, Status
 
 
 class Scheduler:
@@ -59,23 +59,30 @@ class Scheduler:
             seq.published += 1
         return False
 
-    def schedule(self) -> list[Sequence]:
+    def plan(self, seqs: list[Sequence]) -> ScheduledBatch:
+        """``seqs`` with their next passes (a request retried alone after a failed batch re-plans)."""
+        batch = ScheduledBatch()
+        for seq in seqs:
+            batch.add(seq, seq.plan(self.logits_shift))
+        return batch
+
+    def schedule(self) -> ScheduledBatch:
         while self.waiting and len(self.running) < self.limits.max_num_seqs and self._admit(self.waiting[0]):
             seq = self.waiting.popleft()
             seq.status = Status.RUNNING
             self.running.append(seq)
         self._running_ids = {s.seq_id for s in self.running}
-        batch, budget = [], self.limits.max_num_batched_tokens
+        batch, budget = ScheduledBatch(), self.limits.max_num_batched_tokens
         for seq in self.running:
             if seq.num_shared and self._catch_up(seq):
                 continue                                 # its prompt's keys are on their way
-            cost = seq.plan(self.logits_shift).num_tokens
-            if batch and cost > budget:
+            step = seq.plan(self.logits_shift)
+            if batch and step.num_tokens > budget:
                 break
-            batch.append(seq)
-            budget -= cost
-        if batch and batch[-1] is not self.running[-1]:  # the rest go first next time
-            i = self.running.index(batch[-1]) + 1
+            batch.add(seq, step)
+            budget -= step.num_tokens
+        if batch and batch.seqs[-1] is not self.running[-1]:  # the rest go first next time
+            i = self.running.index(batch.seqs[-1]) + 1
             self.running = self.running[i:] + self.running[:i]
         return batch
 

@@ -72,9 +72,10 @@ def _generate(engine: LLMEngine, run: Run, replay: bool) -> list:
     recorded = run.recorded or [None] * len(run.prompts)
     ids = []
     for i, (p, params, draws) in enumerate(zip(run.prompts, run.params, recorded)):
-        seq = engine.add_request(p, params, draws=draws if replay else None)
+        seq = engine.admit(p, params)
         if i < len(run.prepare) and run.prepare[i] is not None:
-            run.prepare[i](seq, engine)
+            run.prepare[i](seq, engine)             # a recorded starting canvas, before it is queued
+        engine.enqueue(seq, draws=draws if replay else None)
         ids.append(seq.request_id)
     outputs: dict = {}
     while engine.has_unfinished:
@@ -122,7 +123,7 @@ def check_fixture(folder: str | Path, replay: bool = False, device: str | None =
                                   fragile=not case.get("robust_to_logit_noise", {}).get("same_outputs", True)))
         logits = folder / "expected_logits.safetensors"
         if logits.is_file():
-            for check in fixture_checks(engine.runner.model, cases, load_file(str(logits)), engine.device):
+            for check in fixture_checks(engine.model, cases, load_file(str(logits)), engine.device):
                 results.append(Result(folder.name, f"forward: {check.name}", check.errors))
     finally:
         torch.set_num_threads(threads)

@@ -238,7 +238,7 @@ def diffusiongemma_generate(case: dict, fixture: dict) -> Run:
                 seq.start_canvas = canvas[b]
             if key is not None:
                 logits = load_file(str(engine.checkpoint.folder / "expected_logits.safetensors"))[key][b]
-                seq.conditioning = engine.runner.model.conditioning_input(logits.to(engine.device))
+                seq.conditioning = engine.model.conditioning_input(logits.to(engine.device))
         return prepare
 
     recorded = [_dg_row_draws(result, b, B, L, ended) for b in range(B)] if result["rng_calls"] else [None] * B

@@ -112,7 +112,7 @@ class ServedModel:
         if cfg.max_prompt_tokens is not None and len(prompt_ids) > cfg.max_prompt_tokens:
             raise DLMError(f"The prompt has {len(prompt_ids)} tokens, over this server's limit of "
                            f"{cfg.max_prompt_tokens}; shorten it (fewer documents or turns).", param="messages")
-        self.llm().engine.check(prompt_ids, params, template)
+        self.llm().engine.admit(prompt_ids, params, response_template=template)
 
     def params(self, knobs: dict):
         """The request's SamplingParams; no ``max_tokens`` means the default canvas within the limit."""

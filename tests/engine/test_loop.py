@@ -115,7 +115,7 @@ def test_concurrent_threads_share_forward_passes(monkeypatch):
     solo = [llm.generate(prompt_token_ids=[p], sampling_params=params)[0].token_ids for p in PROMPTS]
     steps = []
     original = llm.engine.runner.step
-    monkeypatch.setattr(llm.engine.runner, "step", lambda seqs: (steps.append(len(seqs)), original(seqs)))
+    monkeypatch.setattr(llm.engine.runner, "step", lambda batch: (steps.append(len(batch)), original(batch)))
     results = {}
     barrier = threading.Barrier(len(PROMPTS))
 
@@ -140,9 +140,9 @@ def test_request_aborted_by_another_thread_returns_abort():
     seen = []
     original = llm.engine.runner.step
 
-    def step(seqs):
-        seen.extend(s.request_id for s in seqs)
-        original(seqs)
+    def step(batch):
+        seen.extend(s.request_id for s in batch.seqs)
+        original(batch)
 
     llm.engine.runner.step = step
     try:

@@ -28,10 +28,10 @@ def test_requests_are_admitted_in_order_up_to_max_num_seqs():
     seqs = [request(4) for _ in range(3)]
     for s in seqs:
         sched.add(s)
-    assert sched.schedule() == seqs[:2] and [s.status for s in seqs] == [Status.RUNNING] * 2 + [Status.WAITING]
+    assert sched.schedule().seqs == seqs[:2] and [s.status for s in seqs] == [Status.RUNNING] * 2 + [Status.WAITING]
     seqs[0].finish("stop")
     assert sched.remove_finished() == [seqs[0]]
-    assert sched.schedule() == seqs[1:] and sched.num_unfinished == 2
+    assert sched.schedule().seqs == seqs[1:] and sched.num_unfinished == 2
 
 
 def test_a_batch_keeps_to_the_token_budget_and_rotates_so_none_starves():
@@ -40,12 +40,12 @@ def test_a_batch_keeps_to_the_token_budget_and_rotates_so_none_starves():
     a, b, c = (request(4) for _ in range(3))
     for s in (a, b, c):
         sched.add(s)
-    assert sched.schedule() == [a, b]
-    assert sched.schedule() == [c, a]                       # the one left out goes first
-    assert sched.schedule() == [b, c]
+    assert sched.schedule().seqs == [a, b]
+    assert sched.schedule().seqs == [c, a]                       # the one left out goes first
+    assert sched.schedule().seqs == [b, c]
     big = Scheduler(EngineLimits(max_num_batched_tokens=5), logits_shift=0, allocator=None)
     big.add(a)
-    assert big.schedule() == [a]                            # over the budget alone: it still runs
+    assert big.schedule().seqs == [a]                            # over the budget alone: it still runs
 
 
 def test_admission_waits_for_pages_and_finished_requests_give_them_back():
@@ -54,15 +54,15 @@ def test_admission_waits_for_pages_and_finished_requests_give_them_back():
     a, b = request(4, cache="dual"), request(4, cache="dual")   # 12 positions: 3 pages each
     sched.add(a)
     sched.add(b)
-    assert sched.schedule() == [a] and len(a.pages) == 3 and alloc.num_free == 1
-    assert sched.waiting[0] is b and sched.schedule() == [a]    # b waits: its pages are not free
+    assert sched.schedule().seqs == [a] and len(a.pages) == 3 and alloc.num_free == 1
+    assert sched.waiting[0] is b and sched.schedule().seqs == [a]    # b waits: its pages are not free
     a.finish("stop")
     sched.remove_finished()
     assert a.pages == [] and alloc.num_free == 4
-    assert sched.schedule() == [b] and len(b.pages) == 3
+    assert sched.schedule().seqs == [b] and len(b.pages) == 3
     free = request(4, cache="none")                             # no KV cache: needs no pages
     sched.add(free)
-    assert sched.schedule() == [b, free]
+    assert sched.schedule().seqs == [b, free]
 
 
 def test_admission_waits_for_free_pages_and_outputs_do_not_change():
@@ -82,3 +82,16 @@ def test_admission_waits_for_free_pages_and_outputs_do_not_change():
         assert engine.num_running <= 1
         done.update({c.request_id: c.output.token_ids for c in engine.step() if c.finished})
     assert [done[i] for i in ids] == solo and engine.allocator.num_used == 0
+
+
+def test_the_scheduler_plans_each_request_once_and_planning_changes_nothing():
+    # The runner runs the passes the scheduler planned; planning a request again gives the same pass
+    # and leaves its state alone (the sampler's block state is made when the pass begins).
+    sched = Scheduler(EngineLimits(), logits_shift=0, allocator=None)
+    seq = request(4)
+    sched.add(seq)
+    batch = sched.schedule()
+    assert batch.seqs == [seq] and len(batch.passes) == 1 and seq.block_state is None
+    assert seq.plan(0) == batch.passes[0] and seq.block_state is None
+    seq.begin_pass(batch.passes[0])
+    assert seq.block_state is not None and seq.plan(0) == batch.passes[0]

@@ -278,10 +278,10 @@ def test_a_request_failing_inside_the_engine_fails_alone(dream_chat):
                 for p in prompts if p != "FAIL here"}
         original = engine.runner.step
 
-        def failing_step(seqs):
-            if any("FAIL" in llm.tokenizer.decode(s.prompt_token_ids) for s in seqs):
+        def failing_step(batch):
+            if any("FAIL" in llm.tokenizer.decode(s.prompt_token_ids) for s in batch.seqs):
                 raise RuntimeError("injected failure")
-            return original(seqs)
+            return original(batch)
 
         engine.runner.step = failing_step
         try:

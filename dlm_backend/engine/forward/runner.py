@@ -11,14 +11,14 @@ from dlm_backend.engine.layers import ForwardContext, forward_context
 from dlm_backend.engine.models.base import DiffusionLM
 from dlm_backend.engine.samplers.base import StepInput, TokenInfo
 from dlm_backend.engine.samplers.random import TorchRandom
-from dlm_backend.engine.requests.sequence import Pass, Sequence
+from dlm_backend.engine.requests.sequence import Pass, ScheduledBatch, Sequence
 from dlm_backend.errors import EngineError
 
 
 class ModelRunner:
     """Owns the weights, the KV pool and the forward pass.
 
-    One :meth:`step` asks each scheduled sequence for its next :class:`Pass`, packs every pass's
+    One :meth:`step` takes each scheduled sequence's planned :class:`Pass`, packs every pass's
     positions into a single token batch (paged passes first: their keys and values go into the pool
     and their attention reads the pool; then unpaged ones), runs one forward, computes logits only
     for each pass's candidate slots and lets each sequence's sampler decide. On CUDA, a batch of
@@ -117,12 +117,13 @@ class ModelRunner:
     # -- one step ------------------------------------------------------------------------------------
 
     @torch.inference_mode()
-    def step(self, seqs: list[Sequence]) -> None:
-        """One forward for every sequence in ``seqs``: each commits at least one token, or caches keys."""
+    def step(self, batch: ScheduledBatch) -> None:
+        """One forward for the scheduled passes: each request commits at least one token, or caches keys."""
         shift, mask_id = self.logits_shift, self.tokens.mask_id
-        for seq in seqs:
+        seqs, steps = batch.seqs, batch.passes
+        for seq, step in zip(seqs, steps):
             self._random_for(seq)
-        steps = [seq.plan(shift) for seq in seqs]
+            seq.begin_pass(step)
         fused = [self._wants_stats(seq, st) for seq, st in zip(seqs, steps)]
         static = self.graphs.split(seqs, steps) if self.graphs is not None else []
         rest = [i for i in range(len(seqs)) if i not in set(static)]

@@ -1,8 +1,10 @@
-"""The checks a request passes before it is queued: each failure a DLMError saying what to change."""
+"""Admission: the checks a request passes before it is queued, each failure a DLMError saying what to
+change, and the one :class:`Sequence` it is decoded as, built here and returned to be queued."""
 
 from __future__ import annotations
 
 from dlm_backend.engine.params import SamplingParams
+from dlm_backend.engine.requests.sequence import Sequence
 from dlm_backend.engine.samplers.base import Sampler
 from dlm_backend.errors import ContextLengthError, DLMError, SamplingParamsError, TokenizerError
 
@@ -13,9 +15,10 @@ def find_sampler(samplers: dict[str, Sampler], name: str) -> Sampler:
     return samplers[name]
 
 
-def check_request(engine, prompt_token_ids: list[int], params: SamplingParams,
-                  response_template: list[int | None] | None = None) -> Sampler:
-    """The request's sampler, or the DLMError that keeps it out of ``engine``'s queue."""
+def admit(engine, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None,
+          response_template: list[int | None] | None = None) -> Sequence:
+    """The request's :class:`Sequence`, built once and checked against ``engine`` (its model, limits
+    and KV pool), or the DLMError that keeps it out of the queue. Nothing is queued here."""
     if not isinstance(params, SamplingParams):
         raise SamplingParamsError(f"sampling_params must be a SamplingParams, not {type(params).__name__}.")
     if not prompt_token_ids and not engine.model_args.block_size:
@@ -49,7 +52,10 @@ def check_request(engine, prompt_token_ids: list[int], params: SamplingParams,
             f"from {noise} noise{' (random tokens, no mask token)' if noise == 'uniform' else ''}. Use one of: "
             f"{', '.join(fitting)}.", param="sampler")
     sampler.validate(params)
-    seq = engine.new_sequence(prompt_token_ids, params, sampler, response_template=response_template)
+    if not params.block_length and engine.model_args.block_size:
+        params = params.replace(block_length=engine.model_args.block_size)    # a block family decodes in its own blocks
+    seq = engine.sequence_class(prompt_token_ids, params, sampler, engine.tokens, request_id, response_template,
+                                engine.tokenizer)
     if seq.length > engine.max_model_len:      # a block family's canvas ends at a block boundary
         raise ContextLengthError(
             f"The canvas ({seq.length} positions: prompt {len(prompt_token_ids)}, max_tokens {params.max_tokens}, "
@@ -60,4 +66,4 @@ def check_request(engine, prompt_token_ids: list[int], params: SamplingParams,
         raise ContextLengthError(
             f"The request needs {pages} KV pages and the whole cache holds {engine.allocator.num_pages}. Lower "
             "max_tokens or the prompt, or give the engine more kv_cache_memory.")
-    return sampler
+    return seq

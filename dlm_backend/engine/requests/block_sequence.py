@@ -87,6 +87,11 @@ class BlockSequence(Sequence):
 
     # -- passes ----------------------------------------------------------------------------
 
+    def new_block_state(self) -> object:
+        start, end = self.block_start - self.prompt_len, self.block_end - self.prompt_len
+        steps = self.sampler.steps_for_block(self.params, start, end)
+        return self.sampler.begin_block(len(self.masks_in_block), steps, self.params)
+
     def plan(self, shift: int) -> Pass:
         L, start, end = self.block_length, self.block_start, self.block_end
         ar = self.sampler.ar_first_token and start < self.length and self.canvas[start] == self.mask_id and start
@@ -95,9 +100,6 @@ class BlockSequence(Sequence):
                         kind="cache")
         if ar:                                          # no pages: the block's first token from [0, start)
             return Pass(0, start, [start], block_size=L, kind="cache")
-        if self.block_state is None:
-            steps = self.sampler.steps_for_block(self.params, start - self.prompt_len, end - self.prompt_len)
-            self.block_state = self.sampler.begin_block(len(self.masks_in_block), steps, self.params)
         sub_start, sub_end = self._sub_block()
         cands = self._candidates(sub_start, sub_end)
         masked = [self.canvas[i] == self.mask_id for i in cands]

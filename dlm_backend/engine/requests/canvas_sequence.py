@@ -43,11 +43,12 @@ class CanvasSequence(Sequence):
     def kv_positions(self) -> int:
         return 0 if self.params.cache == "none" else self.length
 
+    def new_block_state(self) -> object:
+        steps = self.sampler.steps_for_block(self.params, self.block_start - self.prompt_len,
+                                             self.block_end - self.prompt_len)
+        return self.sampler.begin_block(len(self.masked_in_block), steps, self.params)
+
     def plan(self, shift: int) -> Pass:
-        if self.block_state is None:
-            steps = self.sampler.steps_for_block(self.params, self.block_start - self.prompt_len,
-                                                 self.block_end - self.prompt_len)
-            self.block_state = self.sampler.begin_block(len(self.masked_in_block), steps, self.params)
         mode, cfg = self.params.cache, self.params.cfg_scale > 0
         if mode == "none":
             return Pass(0, self.length, self.masked_in_block, cfg=cfg)

@@ -60,6 +60,21 @@ class Pass:
         return (self.end - self.start) * (2 if self.cfg else 1)
 
 
+@dataclass
+class ScheduledBatch:
+    """The requests of one forward and the pass each one runs, planned once by the scheduler."""
+
+    seqs: list[Sequence] = field(default_factory=list)
+    passes: list[Pass] = field(default_factory=list)
+
+    def add(self, seq: Sequence, step: Pass) -> None:
+        self.seqs.append(seq)
+        self.passes.append(step)
+
+    def __len__(self) -> int:
+        return len(self.seqs)
+
+
 class Sequence(ABC):
     """What every request has, whatever its family; subclasses decide the passes."""
 
@@ -146,7 +161,19 @@ class Sequence(ABC):
 
     @abstractmethod
     def plan(self, shift: int) -> Pass:
-        """The next forward this request needs."""
+        """The next forward this request needs. Pure: the scheduler sizes a step with it and the
+        runner runs what it returned; nothing changes until :meth:`begin_pass`."""
+
+    def begin_pass(self, step: Pass) -> None:
+        """What a planned pass starts, right before the runner packs it: a denoising pass that opens
+        a block (or a uniform canvas) builds the sampler's state for it. Needs :attr:`random` (the
+        runner sets it first): a uniform canvas draws its first tokens here."""
+        if step.kind == "denoise" and self.block_state is None:
+            self.block_state = self.new_block_state()
+
+    @abstractmethod
+    def new_block_state(self) -> object:
+        """The sampler's state for the block (or canvas) about to be denoised."""
 
     @abstractmethod
     def apply(self, step: Pass, commit=None, ar_tokens: list[int] | None = None) -> None:

@@ -69,21 +69,19 @@ class UniformSequence(Sequence):
         start, end = self.canvas_start, self.canvas_end
         if self.num_cached < start:
             return Pass(self.num_cached, start, [], paged=True, kv_end=start, block_size=1, kind="cache")
-        if self.block_state is None and self.random is not None:
-            # The canvas's first tokens are drawn once the runner has given the request its draws (it
-            # does before planning a step); the scheduler's earlier call only sizes the pass.
-            self._begin_canvas()
         return Pass(start, end, list(range(start, end)), paged=True, kv_end=end,
                     masked=[not f for f in self.fixed[start:end]], decoder=True, conditioning=self.conditioning)
 
-    def _begin_canvas(self) -> None:
+    def new_block_state(self) -> object:
+        """The canvas's first tokens, drawn through the request's draws (the runner has given them) in
+        the reference's order, written into the canvas the decoder pass reads."""
         start, end = self.canvas_start, self.canvas_end
         state = self.sampler.begin_canvas(self.random, self.vocab_size, self.block_length, self.params)
         if self.start_canvas is not None:
             state.canvas, self.start_canvas = list(self.start_canvas), None
         state.canvas = [self.canvas[p] if self.fixed[p] else t for p, t in zip(range(start, end), state.canvas)]
-        self.block_state = state
         self.write(range(start, end), state.canvas)
+        return state
 
     def apply(self, step: Pass, commit=None, ar_tokens: list[int] | None = None) -> None:
         if step.kind == "cache":

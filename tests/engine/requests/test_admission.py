@@ -69,3 +69,22 @@ def test_a_request_larger_than_the_whole_cache_is_refused_up_front():
     with pytest.raises(ContextLengthError, match="KV pages.*kv_cache_memory"):
         llm.generate(prompt_token_ids=[[5] * 8], sampling_params=SamplingParams(
             max_tokens=min(too_long, llm.engine.max_model_len - 8), cache="prefix"))
+
+
+def test_admission_builds_the_one_sequence_a_request_is_decoded_as(monkeypatch):
+    from dlm_backend.engine.requests.sequence import Sequence
+
+    built = []
+    init = Sequence.__init__
+    monkeypatch.setattr(Sequence, "__init__", lambda self, *a, **k: (built.append(self), init(self, *a, **k))[1])
+    llm = LLM(str(PARITY / "llada-tiny"))
+    params = SamplingParams(sampler="llada", max_tokens=8, block_length=4, ignore_eos=True)
+    chunks = llm.stream(prompt_token_ids=PROMPT, sampling_params=params)       # admitted here, at the call
+    assert len(built) == 1 and not llm.engine.has_unfinished
+    final = list(chunks)[-1]
+    assert len(built) == 1 and final.output.request_id == built[0].request_id     # the one admitted is the one run
+    seq = llm.engine.admit(PROMPT, params)                  # admission checks and builds; nothing is queued
+    assert len(built) == 2 and not llm.engine.has_unfinished
+    assert llm.engine.enqueue(seq) is seq and llm.engine.has_unfinished
+    llm.generate(prompt_token_ids=[PROMPT], sampling_params=params)
+    assert len(built) == 3                                  # one more request, one more sequence
