@@ -51,7 +51,7 @@ def reference_loop(model, prompt: list[int], params: SamplingParams, canvas: int
             logits = run.decode(torch.tensor(state.canvas), start, conditioning)
             forwards, fed = forwards + len(pieces) + 1, fed + start + canvas
             commit = sampler.step(StepInput(logits=logits, positions=list(range(canvas)), step=0, block_state=state,
-                                            params=params, generator=None, tokens=TokenInfo(mask_id=-1),
+                                            params=params, tokens=TokenInfo(mask_id=-1),
                                             current=state.canvas, masked=[True] * canvas, random=random))
             conditioning = model.conditioning_input(commit.conditioning)
         pieces.append(state.canvas)

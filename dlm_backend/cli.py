@@ -156,10 +156,13 @@ def cmd_parity(args) -> int:
 
 
 def cmd_plugins(args) -> int:
-    from dlm_backend.plugins import plugin_listing, registered_adapters, registered_samplers
+    from dlm_backend.plugins import (plugin_listing, registered_adapters, registered_knobs, registered_samplers,
+                                     registered_schedules)
 
+    schedules = {name: f"{cls.__module__}:{cls.__qualname__}" for name, cls in sorted(registered_schedules().items())}
     print(json.dumps({"plugins": plugin_listing(), "samplers": sorted(registered_samplers()),
-                      "adapters": registered_adapters()}, indent=2))
+                      "knobs": {name: knob.doc for name, knob in sorted(registered_knobs().items())},
+                      "schedules": schedules, "adapters": registered_adapters()}, indent=2))
     return 0
 
 
@@ -209,7 +212,8 @@ def build_parser() -> argparse.ArgumentParser:
                             f"{f.default if f.default is not None else 'the model context'})")
     p.set_defaults(func=cmd_serve)
     sub.add_parser("models", help="list supported architectures").set_defaults(func=cmd_models)
-    sub.add_parser("plugins", help="list loaded plugins and samplers").set_defaults(func=cmd_plugins)
+    sub.add_parser("plugins", help="list loaded plugins, samplers, plugin knobs and schedules").set_defaults(
+        func=cmd_plugins)
     p = sub.add_parser("parity", help="check the engine against a fixture folder's recorded reference runs")
     p.add_argument("folders", nargs="+", metavar="FIXTURE_DIR",
                    help="checkpoint folder with cases.json and expected_logits.safetensors")

@@ -26,6 +26,14 @@ def register_samplers(register):
 
 
 @hookspec
+def register_schedules(register):
+    """Register request schedules: ``register("name", SequenceClass)``, a subclass of
+    ``dlm_backend.engine.requests.sequence.Sequence`` that decodes one request pass by pass. A model
+    family picks one by name (``DiffusionLM.schedule``); the built-ins are ``full``, ``block`` and
+    ``uniform``."""
+
+
+@hookspec
 def register_adapters(register):
     """Register framework adapters: ``register("name", "package.module")``, imported on use."""
 

@@ -20,6 +20,7 @@ ENTRY_POINT_GROUP = "dlm_backend"
 DEFAULT_PLUGINS = (
     "dlm_backend.engine.models",
     "dlm_backend.engine.samplers",
+    "dlm_backend.engine.requests",
     "dlm_backend.adapters",
 )
 
@@ -81,6 +82,27 @@ def registered_models() -> dict[str, str]:
 def registered_samplers() -> dict[str, type]:
     """Sampler name -> class for every registered decoding strategy."""
     return _collect("register_samplers")
+
+
+def registered_knobs() -> dict:
+    """Knob name -> ``Knob`` for the knobs registered samplers declare (``Sampler.knobs``): the knob
+    table's plugin part (engine/params.py holds the built-in one). One name declared two ways, by two
+    samplers, is a PluginError naming both: a knob has one declaration."""
+    table: dict = {}
+    owner: dict[str, str] = {}
+    for sampler, cls in registered_samplers().items():
+        for name, spec in getattr(cls, "knobs", {}).items():
+            if table.setdefault(name, spec) != spec:
+                raise PluginError(f"The samplers {owner[name]!r} and {sampler!r} declare the knob {name!r} "
+                                  "differently. A knob has one declaration: share one Knob, or rename one.")
+            owner.setdefault(name, sampler)
+    return table
+
+
+def registered_schedules() -> dict[str, type]:
+    """Schedule name -> ``Sequence`` subclass: how a family's requests are decoded pass by pass
+    (a family names its own with ``DiffusionLM.schedule``)."""
+    return _collect("register_schedules")
 
 
 def registered_adapters() -> dict[str, str]:

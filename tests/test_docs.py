@@ -71,8 +71,8 @@ LLAMA_BLOCK = {"attn_norm": "input_layernorm", "q_proj": "self_attn.q_proj", "k_
 LLAMA_TOP = {"wte": "model.embed_tokens", "ln_f": "model.norm", "ff_out": "lm_head"}
 
 
-def _llama_layout_checkpoint(dest: Path, drop: str | None = None) -> Path:
-    """llada-tiny's weights and shapes written as a "MyModelForDiffusion" checkpoint (Llama layout)."""
+def _llama_layout_checkpoint(dest: Path, drop: str | None = None, arch: str = "MyModelForDiffusion") -> Path:
+    """llada-tiny's weights and shapes written as an ``arch`` checkpoint (Llama layout)."""
     from safetensors.torch import load_file, save_file
 
     tensors = {}
@@ -83,7 +83,7 @@ def _llama_layout_checkpoint(dest: Path, drop: str | None = None) -> Path:
         if new != drop:
             tensors[new] = t
     c = json.loads((PARITY / "llada-tiny" / "config.json").read_text())
-    config = {"architectures": ["MyModelForDiffusion"], "vocab_size": c["vocab_size"], "hidden_size": c["d_model"],
+    config = {"architectures": [arch], "vocab_size": c["vocab_size"], "hidden_size": c["d_model"],
               "num_attention_heads": c["n_heads"], "num_key_value_heads": c["n_kv_heads"],
               "num_hidden_layers": c["n_layers"], "intermediate_size": c["mlp_hidden_size"],
               "max_position_embeddings": c["max_sequence_length"], "rope_theta": c["rope_theta"],
@@ -120,6 +120,97 @@ def test_the_model_family_example_in_plugins_md_loads_and_decodes_like_the_same_
         with pytest.raises(CheckpointError, match="lm_head.weight"):                 # a tensor it lacks
             LLM(str(_llama_layout_checkpoint(tmp_path / "short", drop="lm_head.weight")))
     finally:
+        pm.unregister(name="doc-model")
+
+
+def test_the_sampler_knob_example_in_plugins_md_joins_the_knob_table_and_reaches_the_sampler(
+        tmp_path, doc_module, capsys):
+    from dlm_backend.chat import request_params
+    from dlm_backend.cli import main
+    from dlm_backend.engine.params import knob_values
+    from dlm_backend.errors import SamplingParamsError
+    from dlm_backend.plugins import load_plugins
+
+    with pytest.raises(SamplingParamsError, match="Unknown SamplingParams field 'per_pass'"):
+        SamplingParams(per_pass=4)                                                  # not registered yet
+    module = doc_module("my_sampler.py")
+    pm = load_plugins()
+    pm.register(module, name="doc-sampler")
+    try:
+        assert main(["plugins"]) == 0
+        assert json.loads(capsys.readouterr().out)["knobs"] == {"per_pass": "confident_k: slots committed per pass"}
+        assert SamplingParams(sampler="confident_k").get("per_pass") == 2                   # its declared default
+        assert SamplingParams(sampler="confident_k", per_pass=4).get("per_pass") == 4
+        with pytest.raises(SamplingParamsError, match="Did you mean 'per_pass'"):
+            SamplingParams(sampler="confident_k", per_pas=4)
+        with pytest.raises(SamplingParamsError, match="Did you mean 'per_pass'"):
+            knob_values({"per_pas": 4})                                             # a front door's knobs
+        with pytest.raises(SamplingParamsError, match=r"per_pass must be in \[1, 64\]"):
+            SamplingParams(sampler="confident_k", per_pass=0)
+        with pytest.raises(SamplingParamsError, match="Did you mean 'temperature'"):
+            SamplingParams(temprature=0.5)                                           # built-ins as before
+        base = dict(max_tokens=8, block_length=8, ignore_eos=True)
+        with LLM(str(shutil.copytree(PARITY / "llada-tiny", tmp_path / "m"))) as llm:
+            def run(params):
+                return llm.generate(prompt_token_ids=[[5, 6, 7]], sampling_params=params)[0]
+
+            two = run(SamplingParams(sampler="confident_k", **base))
+            four = run(llm.sampling_params(sampler="confident_k", per_pass=4, **base))
+            chat = run(request_params(llm, {"sampler": "confident_k", **base}, {"per_pass": 8}))
+            sampled = [run(SamplingParams(sampler="confident_k", per_pass=4, temperature=1.0, seed=s, **base))
+                       for s in (3, 3)]
+        assert (two.num_forward_passes, four.num_forward_passes, chat.num_forward_passes) == (4, 2, 1)
+        assert len(two.token_ids) == len(four.token_ids) == len(chat.token_ids) == 8
+        assert sampled[0].token_ids == sampled[1].token_ids            # drawn through the request's seeded random
+    finally:
+        pm.unregister(name="doc-sampler")
+    with pytest.raises(SamplingParamsError, match="Unknown SamplingParams field 'per_pass'"):
+        SamplingParams(per_pass=4)                                                  # gone with its sampler
+
+
+def test_the_schedule_example_in_plugins_md_decodes_block_after_block_through_the_engine(
+        tmp_path, doc_module, monkeypatch):
+    from dlm_backend.errors import PluginError
+    from dlm_backend.plugins import load_plugins, registered_schedules
+
+    base = doc_module("my_model.py")
+    module = doc_module("my_schedule.py")
+    pm = load_plugins()
+    pm.register(base, name="doc-model")
+    pm.register(module, name="doc-schedule")
+    fed, plan = [], module.GrowingCanvas.plan
+
+    def recorded(self, shift):              # where each planned pass's fed positions end
+        step = plan(self, shift)
+        fed.append(step.end)
+        return step
+
+    monkeypatch.setattr(module.GrowingCanvas, "plan", recorded)
+    try:
+        assert registered_schedules()["growing"] is module.GrowingCanvas
+        growing = _llama_layout_checkpoint(tmp_path / "growing", arch="MyGrowingModelForDiffusion")
+        full = _llama_layout_checkpoint(tmp_path / "full")
+        prompt, knobs = [5, 6, 7], dict(block_length=4, ignore_eos=True)
+        with LLM(str(growing)) as mine, LLM(str(full)) as ref:
+            assert mine.engine.sequence_class is module.GrowingCanvas and mine.engine.runner.model.schedule == "growing"
+            assert ref.engine.runner.model.schedule == "full"
+            params = mine.sampling_params(max_tokens=8, **knobs)
+            got = mine.generate(prompt_token_ids=[prompt], sampling_params=params)[0]
+
+            def alone(ids):             # one block on a canvas that ends with it: the full schedule, no cache
+                params = ref.sampling_params(max_tokens=4, cache="none", **knobs)
+                return ref.generate(prompt_token_ids=[ids], sampling_params=params)[0].token_ids
+
+            first = alone(prompt)
+            second = alone(prompt + first)
+        assert got.token_ids == first + second and got.num_forward_passes == 8
+        assert set(fed) == {len(prompt) + 4, len(prompt) + 8} and fed[0] == len(prompt) + 4     # never the masks after
+        monkeypatch.setattr(module.MyGrowingModel, "schedule", "nowhere")
+        with pytest.raises(PluginError, match="'nowhere' is not registered. Registered schedules: block, full, "
+                                              "growing, uniform"):
+            LLM(str(growing))
+    finally:
+        pm.unregister(name="doc-schedule")
         pm.unregister(name="doc-model")
 
 

@@ -146,3 +146,101 @@ def test_a_broken_plugin_is_one_error_line_naming_it_and_the_way_around(tmp_path
     env["DLM_DISABLE_PLUGIN_AUTOLOAD"] = "1"
     assert subprocess.run([sys.executable, "-m", "dlm_backend.cli", "plugins"], env=env,
                           capture_output=True, text=True).returncode == 0
+
+
+def test_the_built_in_schedules_are_registered_by_a_default_plugin():
+    from dlm_backend.engine.requests import BUILTIN_SCHEDULES
+
+    assert "dlm_backend.engine.requests" in [p["name"] for p in plugins.plugin_listing()]
+    assert plugins.registered_schedules() == BUILTIN_SCHEDULES
+    assert set(BUILTIN_SCHEDULES) == {"full", "block", "uniform"}
+
+
+def test_a_plugin_schedule_joins_the_table_and_leaves_with_its_plugin():
+    from dlm_backend import hookimpl
+    from dlm_backend.engine.requests import schedule_class
+    from dlm_backend.engine.requests.canvas_sequence import CanvasSequence
+    from dlm_backend.errors import PluginError
+
+    class Mine(CanvasSequence):
+        pass
+
+    class Plugin:
+        @hookimpl
+        def register_schedules(self, register):
+            register("mine", Mine)
+            register("not_a_sequence", dict)
+
+    plugins.pm.register(Plugin(), name="schedule-plugin")
+    try:
+        assert schedule_class("mine") is Mine
+        with pytest.raises(PluginError, match="'not_a_sequence' is registered as <class 'dict'>, which is not a "
+                                              "subclass of dlm_backend.engine.requests.sequence.Sequence"):
+            schedule_class("not_a_sequence")
+    finally:
+        plugins.pm.unregister(name="schedule-plugin")
+    with pytest.raises(PluginError, match="'mine' is not registered"):
+        schedule_class("mine")
+
+
+@pytest.mark.parametrize("knobs", [{"width": ("slots a pass", int)}, {"two words": "Knob"}])
+def test_a_sampler_knob_that_is_not_a_knob_under_a_python_name_is_refused_where_it_is_declared(knobs):
+    from dlm_backend.engine.samplers import Sampler
+    from dlm_backend.errors import PluginError
+
+    with pytest.raises(PluginError, match=r"Bad.knobs\[.*\] must be a dlm_backend.engine.params.Knob under a Python"):
+        type("Bad", (Sampler,), {"name": "bad", "knobs": knobs, "step": lambda self, inp: None})
+
+
+@pytest.mark.parametrize("name,spec,needle", [
+    ("temperature", dict(doc="mine", kind=float), "declares the knob 'temperature', which the knob table already has"),
+    ("max_new_tokens", dict(doc="mine", kind=int), "declares the knob 'max_new_tokens', which the knob table"),
+    ("kv_cache", dict(doc="mine", kind=str), "declares the knob 'kv_cache'"),
+    ("options", dict(doc="mine", kind=int), "declares the knob 'options'"),
+    ("width", dict(doc="mine", kind=int, low=1, high=4, default=0), r"its default breaks its own rule.*\[1, 4\]"),
+])
+def test_a_sampler_knob_may_not_shadow_the_table_or_break_its_own_rule(name, spec, needle):
+    from dlm_backend.engine.params import Knob
+    from dlm_backend.engine.samplers import Sampler
+    from dlm_backend.errors import PluginError
+
+    with pytest.raises(PluginError, match=needle):
+        type("Shadow", (Sampler,), {"name": "shadow", "knobs": {name: Knob(**spec)},
+                                    "step": lambda self, inp: None})
+
+
+def test_one_knob_name_declared_two_ways_by_two_samplers_is_refused_naming_both():
+    from dlm_backend import SamplingParams, hookimpl
+    from dlm_backend.engine.params import Knob
+    from dlm_backend.engine.samplers import Sampler
+    from dlm_backend.errors import PluginError
+
+    shared = Knob("slots a pass", int, low=1, high=8, default=2)
+
+    def sampler(name, knob):
+        return type(name, (Sampler,), {"name": name, "knobs": {"width": knob}, "step": lambda self, inp: None})
+
+    a, b, c = sampler("a", shared), sampler("b", shared), sampler("c", Knob("other", int, default=3))
+
+    class Plugin:
+        def __init__(self, *classes):
+            self.classes = classes
+
+        @hookimpl
+        def register_samplers(self, register):
+            for cls in self.classes:
+                register(cls.name, cls)
+
+    plugins.pm.register(Plugin(a, b), name="knob-plugin")
+    try:
+        assert plugins.registered_knobs() == {"width": shared}                      # one declaration, shared
+        assert SamplingParams(sampler="a", width=3).get("width") == 3
+        plugins.pm.register(Plugin(c), name="knob-clash")
+        try:
+            with pytest.raises(PluginError, match="declare the knob 'width' differently"):
+                SamplingParams(sampler="a", width=3)
+        finally:
+            plugins.pm.unregister(name="knob-clash")
+    finally:
+        plugins.pm.unregister(name="knob-plugin")
+    assert plugins.registered_knobs() == {}

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import time
 
-from dlm_backend.engine.requests.block_sequence import BlockSequence
-from dlm_backend.engine.requests.canvas_sequence import CanvasSequence
+from dlm_backend.engine.requests import schedule_class
 from dlm_backend.engine.checkpoint.load import Checkpoint, open_checkpoint
 from dlm_backend.engine.engine_config import EngineConfig, EngineLimits
 from dlm_backend.engine.kv.sizing import make_pool
@@ -25,7 +24,6 @@ from dlm_backend.engine.samplers.base import Sampler
 from dlm_backend.engine.samplers.random import ReplayRandom
 from dlm_backend.engine.scheduler import Scheduler
 from dlm_backend.engine.requests.sequence import ScheduledBatch, Sequence
-from dlm_backend.engine.requests.uniform_sequence import UniformSequence
 from dlm_backend.engine.requests.admission import admit, find_sampler
 from dlm_backend.errors import ParallelWorkerError, QueueFullError, SamplingParamsError
 
@@ -57,7 +55,6 @@ class LLMEngine:
             except SamplingParamsError as exc:
                 raise SamplingParamsError(f"{self.checkpoint.folder / 'generation_config.json'}: 'dlm_sampling' "
                                           f"names a sampler that is not registered. {exc}") from None
-        a = model.args
         pool = make_pool(model, config.kv_cache_memory, self.dtype, self.device, tp)
         self.page_size = pool.page_size
         self.allocator = PageAllocator(pool.num_pages, self.page_size)
@@ -65,8 +62,7 @@ class LLMEngine:
                                   self.workers)
         self.limits = limits or EngineLimits()
         self.scheduler = Scheduler(self.limits, model.logits_shift, self.allocator, config.prefix_caching)
-        self.sequence_class = (UniformSequence if model.noise == "uniform" else
-                               BlockSequence if a.block_size else CanvasSequence)
+        self.sequence_class = schedule_class(model.schedule)      # the family names how its requests decode
         self.stats = EngineStats()
 
     # -- what the checkpoint brings -----------------------------------------------------------

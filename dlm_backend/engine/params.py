@@ -4,12 +4,15 @@ Each field of :class:`SamplingParams` is declared once, with its default, type, 
 checkpoint may set it and its other names (:func:`knob`). The adapters' fields, the server's body,
 the CLI flags and the checkpoint defaults are all read from that table (:data:`KNOBS`), so a knob
 added here appears everywhere and a misspelled one is refused everywhere with the nearest name.
+A plugin sampler declares its own knobs on its class (``Sampler.knobs``); they join the table when
+it is registered (``plugins.registered_knobs``) and a SamplingParams keeps their values in ``options``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -47,6 +50,7 @@ class Knob:
     #: the field's own name (LangChain's and LiteLLM's ``cache`` is their response cache); there
     #: only this name works, and it is accepted everywhere else too.
     framework: str | None = None
+    default: object = None            # the value when unset (a built-in's is its field's: knob() copies it)
 
     def check(self, name: str, value):
         """``value`` if it is allowed for field ``name``, else a SamplingParamsError naming the rule."""
@@ -55,12 +59,10 @@ class Knob:
         kinds = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
         ok = isinstance(value, bool) if self.kind is bool else (
             isinstance(value, (int, float) if self.kind is float else self.kind) and not isinstance(value, bool))
-        if self.kind is list and self.item is str:
+        if self.kind is list:
             ok = isinstance(value, list) and len(value) <= MAX_STOP and all(
-                isinstance(s, str) and 0 < len(s) <= MAX_STOP_CHARS for s in value)
-        elif self.kind is list:
-            ok = isinstance(value, list) and len(value) <= MAX_STOP and all(
-                isinstance(i, int) and not isinstance(i, bool) and 0 <= i < MAX_LENGTH for i in value)
+                isinstance(s, str) and 0 < len(s) <= MAX_STOP_CHARS if self.item is str else
+                isinstance(s, int) and not isinstance(s, bool) and 0 <= s < MAX_LENGTH for s in value)
         if not ok:
             want = kinds.get(self.kind, f"a string or a list of at most {MAX_STOP} non-empty strings of up to "
                                         f"{MAX_STOP_CHARS} characters" if self.item is str else
@@ -95,7 +97,7 @@ def _num(x) -> str:
 
 def knob(default, doc: str, kind: type, **rules) -> dataclasses.Field:
     """A SamplingParams field with its entry in the knob table."""
-    meta = {"knob": Knob(doc, kind, **rules)}
+    meta = {"knob": Knob(doc, kind, default=default, **rules)}
     if isinstance(default, list):
         return field(default_factory=lambda: list(default), metadata=meta)
     return field(default=default, metadata=meta)
@@ -172,16 +174,18 @@ class SamplingParams:
                                     checkpoint=True)
     confidence_threshold: float = knob(0.005, "diffusiongemma: ... and its mean entropy is below this (0: runs "
                                        "max_denoising_steps)", float, low=0, high=1e6, checkpoint=True)
+    #: registered samplers' own knobs (``Sampler.knobs``): pass them by name like any knob, read them with get()
+    options: dict = field(default_factory=dict)
 
     def __post_init__(self):
-        if isinstance(self.stop, (str, tuple)):
-            self.stop = [self.stop] if isinstance(self.stop, str) else list(self.stop)
-        if self.stop is None:
-            self.stop = []
-        if self.stop_token_ids is None:
-            self.stop_token_ids = []
+        if isinstance(self.stop, (str, tuple)) or self.stop is None:
+            self.stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or ())
+        self.stop_token_ids = [] if self.stop_token_ids is None else self.stop_token_ids
         for name, spec in KNOBS.items():
             spec.check(name, getattr(self, name))
+        self.options = dict(self.options)
+        for name, value in self.options.items():
+            _plugin_knob(name).check(name, value)
         if self.temperature < GREEDY_BELOW:
             self.temperature = 0.0
         if self.alg_temp is not None and self.alg_temp < GREEDY_BELOW:
@@ -199,9 +203,27 @@ class SamplingParams:
         """A copy with some fields changed (validated again)."""
         return dataclasses.replace(self, **changes)
 
+    def get(self, name: str):
+        """A knob's value by name: a field, or a registered sampler's own knob (its default when unset)."""
+        return getattr(self, name) if name in KNOBS else self.options.get(name, _plugin_knob(name).default)
+
+
+# The dataclass __init__, names that are not fields going into ``options`` (checked there): so every front
+# door that builds SamplingParams(**knobs) passes a plugin sampler's own knobs on as it is.
+_FIELDS, _fields_init = frozenset(f.name for f in dataclasses.fields(SamplingParams)), SamplingParams.__init__
+
+
+@functools.wraps(_fields_init)
+def _init(self, *args, options: dict | None = None, **given):
+    own = {name: given.pop(name) for name in [n for n in given if n not in _FIELDS]}
+    _fields_init(self, *args, options={**(options or {}), **own}, **given)
+
+
+SamplingParams.__init__ = _init
 
 #: The knob table: field name -> :class:`Knob`, in declaration order.
-KNOBS: dict[str, Knob] = {f.name: f.metadata["knob"] for f in dataclasses.fields(SamplingParams)}
+KNOBS: dict[str, Knob] = {f.name: f.metadata["knob"] for f in dataclasses.fields(SamplingParams)
+                          if "knob" in f.metadata}
 #: Every name a front door may use for a knob -> the field it sets.
 KNOB_NAMES: dict[str, str] = {**{a: n for n, k in KNOBS.items() for a in (*k.aliases, k.framework) if a},
                               **{n: n for n in KNOBS}}
@@ -222,11 +244,22 @@ def knob_values(given: dict, taken: tuple[str, ...] = (), where: str = "request"
     values: dict = {}
     for name, value in given.items():
         target = KNOB_NAMES.get(name) if name not in taken else None
-        if target is None:
-            raise unknown_field(name, [n for n in KNOB_NAMES if n not in taken], where)
+        if target is None:                      # a registered sampler's own knob, else a misspelling
+            _plugin_knob(name, [n for n in KNOB_NAMES if n not in taken], where)
+            target = name
         if value is not None:
             values[target] = value
     return values
+
+
+def _plugin_knob(name: str, valid=KNOBS, where: str = "SamplingParams") -> Knob:
+    """A registered sampler's own knob (``Sampler.knobs``), else the error naming the nearest known name."""
+    from dlm_backend.plugins import registered_knobs
+
+    table = registered_knobs()
+    if name not in table:
+        raise unknown_field(name, [*valid, *table], where)
+    return table[name]
 
 
 def unknown_field(name: str, valid, where: str, kind: str = "knobs") -> SamplingParamsError:
@@ -256,16 +289,6 @@ def checkpoint_defaults(generation_config: dict, source: str = "generation_confi
     except SamplingParamsError as exc:
         raise SamplingParamsError(f"{source}: {CHECKPOINT_DEFAULTS_KEY!r} is invalid. {exc}") from None
     return dict(given)
-
-
-def checkpoint_values(values: dict, source: str) -> dict:
-    """Knob values a checkpoint file gives (a family reading its reference's own fields), checked
-    against the table; a SamplingParamsError naming ``source`` when one is out of range."""
-    try:
-        SamplingParams(**values)
-    except SamplingParamsError as exc:
-        raise SamplingParamsError(f"{source}: {exc}") from None
-    return dict(values)
 
 
 def layered(checkpoint: dict, given: dict) -> dict:

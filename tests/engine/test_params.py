@@ -37,3 +37,24 @@ def test_invalid_sampling_params(kwargs, match):
 
 
 # -- found by driving the API and CLI with odd input; each was a traceback or a leak --
+
+
+def test_a_misspelled_keyword_is_a_named_error_with_the_nearest_knob_not_a_type_error():
+    with pytest.raises(SamplingParamsError, match="Unknown SamplingParams field 'temprature'. Did you mean "
+                                                  "'temperature'?") as caught:
+        SamplingParams(temprature=0.5)
+    assert caught.value.param == "temprature"
+    with pytest.raises(SamplingParamsError, match="Unknown SamplingParams field 'zzz'"):
+        SamplingParams(options={"zzz": 1})
+
+
+def test_get_reads_a_built_in_knob_by_name_and_the_table_keeps_its_declared_default():
+    from dlm_backend.engine.params import DEFAULTS, KNOBS
+
+    params = SamplingParams(threshold=0.5)
+    assert params.get("threshold") == 0.5 and params.get("cache") == "dual"
+    assert "options" not in KNOBS                                   # plugin values, not a knob of their own
+    assert all(KNOBS[n].default == getattr(DEFAULTS, n) for n in KNOBS)
+    assert params.replace(threshold=0.7).options == {}
+    with pytest.raises(SamplingParamsError, match="Did you mean 'threshold'"):
+        params.get("threshhold")

@@ -10,6 +10,7 @@ from dlm_backend.engine.samplers.base import top_k_indices
 from dlm_backend.engine.samplers.entropy_bounded import entropy_bounded_count
 from dlm_backend.engine.samplers.factor import factor_count
 from dlm_backend.engine.samplers.llada import transfer_schedule
+from dlm_backend.engine.samplers.random import TorchRandom
 from dlm_backend.engine.samplers.threshold import threshold_select
 
 TOKENS = TokenInfo(mask_id=5, eos_ids=(1,), eot_ids=(2,))
@@ -17,7 +18,7 @@ TOKENS = TokenInfo(mask_id=5, eos_ids=(1,), eot_ids=(2,))
 
 def _input(logits, params, step=0, state=None, seed=0):
     return StepInput(logits=logits, positions=list(range(len(logits))), step=step, block_state=state,
-                     params=params, generator=torch.Generator().manual_seed(seed), tokens=TOKENS)
+                     params=params, random=TorchRandom(torch.Generator().manual_seed(seed)), tokens=TOKENS)
 
 
 def _peaked(rows):
@@ -216,7 +217,7 @@ def test_diffusiongemma_draws_in_the_references_order_and_keeps_fixed_slots():
     assert state.canvas == torch.randint(0, 8, (4,), generator=ref).tolist()   # the canvas's first draw
     logits = torch.randn(4, 8)
     inp = StepInput(logits=logits, positions=[0, 1, 2, 3], step=0, block_state=state, params=params,
-                    generator=None, tokens=TokenInfo(mask_id=-1), current=[7, 7, 7, 7],
+                    tokens=TokenInfo(mask_id=-1), current=[7, 7, 7, 7],
                     masked=[True, False, True, True], random=random)
     commit = sampler.step(inp)
     t = torch.tensor(0.4) + (0.8 - 0.4) * (torch.tensor(3, dtype=torch.int32) / 3)
@@ -240,7 +241,7 @@ def test_diffusiongemma_stops_when_stable_for_the_threshold_and_confident():
         n = 0
         while not state.done:
             sampler.step(StepInput(logits=sure, positions=[0, 1, 2, 3], step=n, block_state=state, params=params,
-                                   generator=None, tokens=TokenInfo(mask_id=-1), current=state.canvas,
+                                   tokens=TokenInfo(mask_id=-1), current=state.canvas,
                                    masked=[True] * 4, random=random))
             n += 1
         assert n == passes and state.canvas == [2, 2, 2, 2]        # the argmax is what a canvas commits
@@ -248,7 +249,7 @@ def test_diffusiongemma_stops_when_stable_for_the_threshold_and_confident():
     state, random = _dg_state(sampler, params)
     for n in range(3):                                     # never confident below 0: every step runs
         sampler.step(StepInput(logits=sure, positions=[0, 1, 2, 3], step=n, block_state=state, params=params,
-                               generator=None, tokens=TokenInfo(mask_id=-1), current=state.canvas,
+                               tokens=TokenInfo(mask_id=-1), current=state.canvas,
                                masked=[True] * 4, random=random))
     assert state.done and state.step == 0
 
@@ -279,3 +280,45 @@ def test_a_seeded_request_on_cpu_draws_the_references_stream_call_for_call():
     probs = torch.tensor([[struct.unpack(">f", bytes.fromhex(h))[0] for h in row]
                           for row in probe["probs_float32_hex"]])
     assert TorchRandom(torch.Generator().manual_seed(selftest["seed"])).multinomial(probs).tolist() == probe["out"]
+
+
+def test_step_input_has_one_source_of_randomness():
+    import dataclasses
+
+    assert "generator" not in {f.name for f in dataclasses.fields(StepInput)}
+    assert "random" in {f.name for f in dataclasses.fields(StepInput)}
+
+
+def test_every_draw_is_the_torch_call_a_reference_seeded_the_same_makes():
+    ref, draws = torch.Generator().manual_seed(9), TorchRandom(torch.Generator().manual_seed(9))
+    weights = torch.tensor([0.1, 0.5, 0.2, 0.2])
+    assert torch.equal(draws.rand((3,), torch.float64), torch.rand(3, dtype=torch.float64, generator=ref))
+    assert torch.equal(draws.sample(weights, 2), torch.multinomial(weights, 2, generator=ref))
+    assert torch.equal(draws.multinomial(weights[None]), torch.multinomial(weights[None], 1, generator=ref)[:, 0])
+
+
+def test_replay_hands_out_recorded_rand_and_sample_draws_and_names_a_divergence():
+    from dlm_backend.engine.samplers.random import ReplayRandom
+    from dlm_backend.errors import DLMError
+
+    replay = ReplayRandom([{"op": "torch.rand", "out": [0.25, 0.75]}, {"op": "torch.multinomial", "out": [3, 1]},
+                           {"op": "torch.rand", "out": [0.5]}])
+    first = replay.rand((2,))
+    assert first.tolist() == [0.25, 0.75] and first.dtype == torch.float32
+    assert replay.sample(torch.ones(4), 2).tolist() == [3, 1]
+    with pytest.raises(DLMError, match="asked for torch.randint x1, the recording has torch.rand x1"):
+        replay.randint(4, (1,))
+
+
+def test_dream_origin_reveals_with_the_requests_random():
+    """Dream's ``origin`` rule draws a uniform per slot, then samples the revealed ones: both through
+    ``StepInput.random``, so a replayed run reveals what the recording says."""
+    from dlm_backend.engine.samplers.random import ReplayRandom
+
+    params = SamplingParams(sampler="dream", alg="origin", steps=4, max_tokens=4)
+    logits = _peaked([(0, 0.9), (1, 0.9), (2, 0.9), (3, 0.9)])
+    state = DreamSampler().begin_block(4, 4, params)
+    inp = _input(logits, params, state=state)
+    inp.random = ReplayRandom([{"op": "torch.rand", "out": [0.9, 0.0, 0.9, 0.0]}])
+    commit = DreamSampler().step(inp)
+    assert commit.indices == [1, 3] and commit.token_ids == [1, 3]        # greedy: no further draw

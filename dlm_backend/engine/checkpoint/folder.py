@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 
 from dlm_backend.engine.checkpoint.files import MAX_JSON_BYTES, checkpoint_file, read_checkpoint_file
-from dlm_backend.engine.models.registry import resolve_model_class
+from dlm_backend.engine.models.registry import from_config_json, resolve_model_class
 from dlm_backend.errors import CheckpointError, ModelNotFoundError, UnsafeCheckpointError
 
 HUB_PATTERNS = ["*.json", "*.safetensors", "*.jinja", "tokenizer*"]
@@ -112,15 +112,7 @@ def context_length(model: str, revision: str | None = None) -> int:
     loop, where loading an 8B checkpoint would stall everything for tens of seconds.
     """
     config = read_config(resolve_checkpoint(model, revision, patterns=["*.json"]))
-    return _from_config(resolve_model_class(config).args_from_config, config).max_positions
-
-
-def _from_config(build, config: dict):
-    try:
-        return build(config)
-    except KeyError as exc:
-        raise CheckpointError(f"config.json lacks {exc.args[0]!r}, which this architecture needs. Re-download "
-                              "the checkpoint or add the field.") from None
+    return from_config_json(resolve_model_class(config).args_from_config, config).max_positions
 
 
 def safetensors_files(folder: Path) -> list[Path]:

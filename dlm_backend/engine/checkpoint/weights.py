@@ -11,10 +11,10 @@ from safetensors import SafetensorError, safe_open
 from torch.overrides import TorchFunctionMode
 from tqdm.auto import tqdm
 
-from dlm_backend.engine.checkpoint.folder import _from_config, safetensors_files
+from dlm_backend.engine.checkpoint.folder import safetensors_files
 from dlm_backend.engine.models.base import DiffusionLM
 from dlm_backend.engine.layers.routers import StackedExperts
-from dlm_backend.engine.models.registry import resolve_model_class
+from dlm_backend.engine.models.registry import from_config_json, resolve_model_class
 from dlm_backend.engine.parallel.group import TPGroup, building
 from dlm_backend.engine.layers.parallel import Sharded
 from dlm_backend.errors import CheckpointError, DLMError
@@ -77,9 +77,9 @@ def load_model(folder: Path, config: dict, device: torch.device, dtype: torch.dt
         raise DLMError(f"{cls.__name__} does not split over devices yet: run it with tensor_parallel_size=1 "
                        f"(asked: {tp.world}).")
     files = safetensors_files(folder)
-    _check_layer_count(files, _from_config(cls.args_from_config, config).num_layers, folder)
+    _check_layer_count(files, from_config_json(cls.args_from_config, config).num_layers, folder)
     with _NoMetaInit(), torch.device("meta"), building(tp):
-        model = _from_config(cls.from_config, config)
+        model = from_config_json(cls.from_config, config)
     expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
     # Layers holding one rank's part of a tensor (none on one device), and the partitioned experts.
     shards = {n: m for n, m in model.named_modules() if isinstance(m, Sharded) and m.tp is not None}

@@ -163,11 +163,10 @@ class ModelRunner:
         return commit
 
     def _step_input(self, seq: Sequence, step: Pass, logits: torch.Tensor | None) -> StepInput:
-        random = self._random_for(seq)
         return StepInput(logits=logits, positions=step.candidates, step=seq.step_in_block,
-                         block_state=seq.block_state, params=seq.params, generator=random.generator,
+                         block_state=seq.block_state, params=seq.params, random=self._random_for(seq),
                          tokens=self.tokens, current=[seq.canvas[p] for p in step.candidates],
-                         masked=step.masked or [True] * len(step.candidates), random=random)
+                         masked=step.masked or [True] * len(step.candidates))
 
 
 def _head_rows(rows: list[list[int]], fused: list[bool]) -> tuple[list[int], list[int]]:

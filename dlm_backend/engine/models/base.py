@@ -1,4 +1,13 @@
-"""What every model family provides to the runner."""
+"""What every model family provides to the engine: the contract a plugin family implements.
+
+A family is a :class:`DiffusionLM` subclass, registered by its ``architectures`` string through the
+``register_models`` hook. It is built from config.json (:meth:`~DiffusionLM.args_from_config`,
+:meth:`~DiffusionLM.from_config`), runs one packed forward (:meth:`~DiffusionLM.forward`), hands
+the engine its final norm and LM head (:meth:`~DiffusionLM.head`), and names how its requests are
+decoded pass by pass (:attr:`~DiffusionLM.schedule`, a schedule registered through
+``register_schedules``). A family whose passes feed something back into the next one (DiffusionGemma's
+self-conditioning) also implements :meth:`~DiffusionLM.conditioning_input`.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +22,8 @@ from torch import nn
 from dlm_backend.engine.layers import RMSNorm, RotaryTable
 from dlm_backend.engine.layers.head import UnmaskStats, greedy_from_logits, unmask_stats, vocab_parallel_stats
 from dlm_backend.engine.parallel.group import build_group
+from dlm_backend.engine.params import SamplingParams
+from dlm_backend.errors import SamplingParamsError
 
 
 @dataclass(frozen=True)
@@ -50,14 +61,13 @@ class ModelArgs:
 
 
 class DiffusionLM(nn.Module, metaclass=ABCMeta):
-    """Base of native model implementations.
+    """Base of native model implementations (the abstract members are what a family must implement).
 
     ``forward(input_ids [T], positions [T]) -> hidden [T, D]`` over the packed batch described by the
     attention context; ``head() -> (final norm, LM head weight [V, D])``, from which
     ``compute_logits(hidden [N, D]) -> [N, V]`` applies the final norm and head to just the rows a
     sampler needs (126k-wide logits for every canvas position would dominate a pass), and
-    ``compute_unmask_stats`` skips the logits altogether. Each family also provides
-    ``from_config(config_json: dict)``.
+    ``compute_unmask_stats`` skips the logits altogether.
     ``logits_shift = 1`` means the prediction for position i is read from the output at i - 1 (Dream).
     """
 
@@ -74,6 +84,43 @@ class DiffusionLM(nn.Module, metaclass=ABCMeta):
     #: False by default: a plugin family of plain nn.Linear layers would load whole on every rank while
     #: its KV pool took one rank's heads, so it is refused under tensor parallelism until it says so.
     tensor_parallel: ClassVar[bool] = False
+
+    @classmethod
+    @abstractmethod
+    def args_from_config(cls, config: dict) -> ModelArgs:
+        """Shapes and token ids from config.json's contents (the loader adds ``generation_config.json``
+        as ``config["_generation_config"]``). Called before anything is built; a field out of range is
+        a CheckpointError naming it (``config_reader.ConfigReader`` checks them), a missing one too."""
+
+    @classmethod
+    @abstractmethod
+    def from_config(cls, config: dict) -> DiffusionLM:
+        """The model, built from config.json's contents (the loader builds it on the meta device, then
+        fills every parameter from the checkpoint's tensors of the same names)."""
+
+    @abstractmethod
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """``input_ids [T], positions [T] -> hidden [T, D]`` for one packed batch: the fed positions of
+        every scheduled request, one after the other. ``layers.attention(q, k, v, layer)`` runs each
+        request over its own keys or its KV pages, whichever the runner set up; a family with decoder
+        passes reads their rows and conditioning from ``layers.current_context()`` (DiffusionGemma)."""
+
+    @property
+    def schedule(self) -> str:
+        """How this family's requests are decoded pass by pass: the name of a schedule registered
+        through the ``register_schedules`` hook (``full``: one canvas, bidirectional, blocks left to
+        right; ``block``: block-diffusion, block-causal; ``uniform``: canvases of random tokens). By
+        default derived from :attr:`noise` and ``args.block_size``; a family with its own schedule
+        sets ``schedule = "its-name"``."""
+        return "uniform" if self.noise == "uniform" else "block" if self.args.block_size else "full"
+
+    def conditioning_input(self, conditioning: torch.Tensor) -> torch.Tensor:
+        """The model's input for a request's next pass from what its sampler returned in
+        ``Commit.conditioning`` (DiffusionGemma: processed logits ``[n, V]`` -> self-conditioning
+        ``[n, D]``). Called only when a sampler returns conditioning, so a family without any never
+        implements it."""
+        raise TypeError(f"{type(self).__name__} takes no conditioning input, but the sampler returned "
+                        "Commit.conditioning; use a sampler made for this family.")
 
     def __init__(self, args: ModelArgs):
         super().__init__()
@@ -136,3 +183,14 @@ class DiffusionLM(nn.Module, metaclass=ABCMeta):
         if logits.shape[1] == self.args.vocab_size:
             return greedy_from_logits(logits, exclude_id)
         return vocab_parallel_stats(self.tp, logits, self.args.vocab_size, exclude_id)
+
+
+def checkpoint_values(values: dict, source: str) -> dict:
+    """Knob values a checkpoint file gives (a family's :meth:`~DiffusionLM.family_defaults` reading its
+    reference's own fields), checked against the knob table; a SamplingParamsError naming ``source``
+    when one is out of range."""
+    try:
+        SamplingParams(**values)
+    except SamplingParamsError as exc:
+        raise SamplingParamsError(f"{source}: {exc}") from None
+    return dict(values)

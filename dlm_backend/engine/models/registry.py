@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib
 
-from dlm_backend.errors import UnknownArchitectureError
+from dlm_backend.errors import CheckpointError, UnknownArchitectureError
 
 
 def supported_architectures() -> dict[str, str]:
@@ -12,6 +12,16 @@ def supported_architectures() -> dict[str, str]:
     from dlm_backend.plugins import registered_models
 
     return dict(sorted(registered_models().items()))
+
+
+def from_config_json(build, config: dict):
+    """``build(config)`` for a family's config reader (``cls.args_from_config`` or ``cls.from_config``):
+    a field the family needs and config.json lacks (a KeyError out of it) is a CheckpointError naming it."""
+    try:
+        return build(config)
+    except KeyError as exc:
+        raise CheckpointError(f"config.json lacks {exc.args[0]!r}, which this architecture needs. Re-download "
+                              "the checkpoint or add the field.") from None
 
 
 def resolve_model_class(config: dict) -> type:

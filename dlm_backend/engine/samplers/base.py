@@ -14,7 +14,9 @@ from typing import ClassVar
 
 import torch
 
-from dlm_backend.engine.params import SamplingParams
+from dlm_backend.engine.params import KNOB_NAMES, Knob, SamplingParams
+from dlm_backend.engine.samplers.random import ReplayRandom, TorchRandom
+from dlm_backend.errors import DLMError, PluginError
 
 
 @dataclass(frozen=True)
@@ -34,14 +36,15 @@ class StepInput:
     step: int                     # pass index inside the current block, from 0
     block_state: object           # what begin_block returned
     params: SamplingParams
-    generator: torch.Generator
+    #: the request's draws, its one source of randomness (samplers/random.py: ``multinomial``,
+    #: ``sample``, ``randint``, ``rand``), seeded from ``params.seed`` or replaying a recorded run
+    random: TorchRandom | ReplayRandom
     tokens: TokenInfo
     #: block families: each candidate's current token and whether it is still masked (every
     #: candidate is masked unless the sampler asks for committed slots too: ``edits``,
     #: ``whole_sub_block``)
     current: list[int] = field(default_factory=list)
     masked: list[bool] = field(default_factory=list)
-    random: object = None         # the request's draws (samplers/random.py); None: use ``generator``
 
 
 @dataclass
@@ -58,6 +61,11 @@ class Sampler(ABC):
     """A decoding strategy. Subclasses set ``name`` and implement :meth:`step`."""
 
     name: ClassVar[str]
+    #: the sampler's own knobs, name -> :class:`Knob` (its doc, type, range and ``default``): they join
+    #: the knob table when the sampler is registered, so ``SamplingParams(name=...)`` and the front
+    #: doors take them, checked by the Knob's rules; read one with ``params.get(name)``. A name the
+    #: table already has (a built-in knob or one of its other names) is refused.
+    knobs: ClassVar[dict[str, Knob]] = {}
     #: block length when the request leaves it unset; None = one block over the whole canvas.
     default_block_length: ClassVar[int | None] = 32
     #: whether ``steps`` sets a fixed number of passes per block (False: adaptive rules).
@@ -65,6 +73,21 @@ class Sampler(ABC):
     #: whether greedy passes can decide from per-slot (token, confidence) alone
     #: (:meth:`step_from_stats`), so the kernel path never builds the [N, V] logits.
     uses_unmask_stats: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        for name, spec in cls.__dict__.get("knobs", {}).items():      # checked once, where it is declared
+            if not isinstance(spec, Knob) or not name.isidentifier():
+                raise PluginError(f"{cls.__name__}.knobs[{name!r}] must be a dlm_backend.engine.params.Knob "
+                                  "under a Python name.")
+            if name in KNOB_NAMES or name == "options":           # options: the field holding their values
+                raise PluginError(f"{cls.__name__} declares the knob {name!r}, which the knob table already has "
+                                  "(a built-in knob or another name of one). Read the built-in one with "
+                                  "params.get(name), or give the sampler's own knob another name.")
+            try:
+                spec.check(name, spec.default)
+            except DLMError as exc:
+                raise PluginError(f"{cls.__name__}.knobs[{name!r}]: its default breaks its own rule. {exc}") from None
 
     def validate(self, params: SamplingParams) -> None:
         """Raise SamplingParamsError for parameters this sampler cannot honour."""
@@ -137,7 +160,7 @@ class Sampler(ABC):
 # -- shared helpers ---------------------------------------------------------------------------
 
 
-def predict_tokens(logits: torch.Tensor, temperature: float, generator: torch.Generator,
+def predict_tokens(logits: torch.Tensor, temperature: float, random: TorchRandom | ReplayRandom,
                    mask_id: int) -> torch.Tensor:
     """LLaDA/Fast-dLLM token choice: argmax, or Gumbel-max in float64 when temperature > 0.
 
@@ -150,7 +173,7 @@ def predict_tokens(logits: torch.Tensor, temperature: float, generator: torch.Ge
     if temperature == 0:
         return logits.argmax(dim=-1)
     noisy = logits.to(torch.float64)
-    noise = torch.rand(noisy.shape, dtype=torch.float64, device=noisy.device, generator=generator)
+    noise = random.rand(tuple(noisy.shape), torch.float64)
     return (noisy.exp() / (-torch.log(noise)) ** temperature).argmax(dim=-1)
 
 

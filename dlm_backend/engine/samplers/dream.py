@@ -40,7 +40,7 @@ def top_k_filter(logits: torch.Tensor, top_k: int) -> torch.Tensor:
     return logits.masked_fill(logits < kth, torch.finfo(logits.dtype).min)
 
 
-def sample_tokens(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator,
+def sample_tokens(logits: torch.Tensor, params: SamplingParams, random,
                   mask_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(confidence, token) per row, following the reference ``sample_tokens``."""
     if params.temperature > 0:
@@ -66,7 +66,7 @@ def sample_tokens(logits: torch.Tensor, params: SamplingParams, generator: torch
             if 0 <= mask_id < real.shape[-1]:
                 real[:, mask_id] = -torch.inf
             sample_probs[empty] = torch.nn.functional.one_hot(real.argmax(dim=-1), real.shape[-1]).float()
-        x0 = torch.multinomial(sample_probs, 1, generator=generator)[:, 0]
+        x0 = random.multinomial(sample_probs)
         confidence = probs.gather(-1, x0[:, None])[:, 0]
     else:
         confidence, x0 = pick.max(dim=-1)
@@ -99,20 +99,20 @@ class DreamSampler(Sampler):
         t, s = ts[min(i, steps - 1)], ts[min(i + 1, steps)]
         if p.alg == "origin":
             p_transfer = 1.0 if last else float(1 - s / t)
-            reveal = torch.rand(n, generator=inp.generator, device=inp.generator.device) < p_transfer
+            reveal = inp.random.rand((n,)) < p_transfer
             chosen = reveal.nonzero()[:, 0].tolist()
             if not chosen:
                 return Commit([], [])
-            _, x0 = sample_tokens(inp.logits[chosen], p, inp.generator, inp.tokens.mask_id)
+            _, x0 = sample_tokens(inp.logits[chosen], p, inp.random, inp.tokens.mask_id)
             return Commit(chosen, x0.tolist())
-        confidence, x0 = sample_tokens(inp.logits, p, inp.generator, inp.tokens.mask_id)
+        confidence, x0 = sample_tokens(inp.logits, p, inp.random, inp.tokens.mask_id)
         # Reference arithmetic: float32 tensor product, then int() truncation.
         k = n if last else int(torch.tensor(float(n)) * (1 - s / t))
         if k <= 0:
             return Commit([], [])
         if p.alg_temp:
             weights = torch.softmax(confidence.float() / p.alg_temp, dim=-1)
-            chosen = torch.multinomial(weights, min(k, n), generator=inp.generator).tolist()
+            chosen = inp.random.sample(weights, min(k, n)).tolist()
         else:
             chosen = top_k_indices(confidence, k)
         return Commit(chosen, x0[chosen].tolist())

@@ -32,7 +32,7 @@ class EntropyBoundedSampler(Sampler):
         if 0 <= mask_id < logits.shape[-1]:
             logits = logits.clone()
             logits[:, mask_id] = -torch.inf
-        x0 = predict_tokens(logits, inp.params.temperature, inp.generator, mask_id)
+        x0 = predict_tokens(logits, inp.params.temperature, inp.random, mask_id)
         logp = torch.log_softmax(logits, dim=-1)
         entropy = -(logp.exp() * logp.nan_to_num(neginf=0.0)).sum(-1)      # [N]
         order = torch.sort(entropy, stable=True)

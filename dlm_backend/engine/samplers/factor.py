@@ -23,7 +23,7 @@ class FactorSampler(Sampler):
     name = "factor"
 
     def step(self, inp: StepInput) -> Commit:
-        x0 = predict_tokens(inp.logits, inp.params.temperature, inp.generator, inp.tokens.mask_id)
+        x0 = predict_tokens(inp.logits, inp.params.temperature, inp.random, inp.tokens.mask_id)
         confidence = gather(torch.softmax(inp.logits.to(torch.float64), dim=-1), x0)
         order = torch.sort(confidence, descending=True, stable=True)
         n = factor_count(order.values.tolist(), inp.params.factor)

@@ -31,7 +31,7 @@ class LLaDASampler(Sampler):
         if p.logits_eos_inf:
             logits = logits.clone()
             logits[:, list(info.eos_ids)] = -torch.inf
-        x0 = predict_tokens(logits, p.temperature, inp.generator, info.mask_id)
+        x0 = predict_tokens(logits, p.temperature, inp.random, info.mask_id)
         if p.confidence_eos_eot_inf:
             # The reference's chained assignment hits the logits themselves at temperature 0 (so EOS
             # and end-of-turn both lose their confidence) and only end-of-turn above 0. Mirror it.
@@ -41,7 +41,7 @@ class LLaDASampler(Sampler):
         if p.remasking == "low_confidence":
             confidence = gather(torch.softmax(logits, dim=-1), x0)
         else:
-            confidence = torch.rand(x0.shape, device=x0.device, generator=inp.generator)
+            confidence = inp.random.rand(tuple(x0.shape))
         schedule = inp.block_state
         # Past the schedule (only when a pass could not commit), take everything that is left.
         k = schedule[inp.step] if inp.step < len(schedule) else len(inp.positions)

@@ -24,7 +24,7 @@ class ThresholdSampler(Sampler):
     uses_unmask_stats = True
 
     def step(self, inp: StepInput) -> Commit:
-        x0 = predict_tokens(inp.logits, inp.params.temperature, inp.generator, inp.tokens.mask_id)
+        x0 = predict_tokens(inp.logits, inp.params.temperature, inp.random, inp.tokens.mask_id)
         confidence = gather(torch.softmax(inp.logits.to(torch.float64), dim=-1), x0)
         chosen = threshold_select(confidence, inp.params.threshold)
         return Commit(chosen, x0[chosen].tolist())

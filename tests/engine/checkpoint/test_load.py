@@ -85,9 +85,9 @@ def test_defaults_that_name_no_sampler_hold_for_every_sampler(tmp_path):
 def test_llm_methods_without_params_use_the_checkpoint_defaults(tmp_path, monkeypatch):
     llm = LLM(_with_defaults(tmp_path, {"sampler": "llada", "block_length": 4}))
     submitted = []
-    submit = llm._loop.submit
-    monkeypatch.setattr(llm._loop, "submit", lambda ids, params, *a, **k: (submitted.append(params),
-                                                                            submit(ids, params, *a, **k))[1])
+    admit = llm.engine.admit
+    monkeypatch.setattr(llm.engine, "admit", lambda ids, params, *a, **k: (submitted.append(params),
+                                                                          admit(ids, params, *a, **k))[1])
     out = llm.generate(prompt_token_ids=[[1, 2, 3, 4]])[0]
     list(llm.stream(prompt_token_ids=[1, 2, 3]))
     assert [(p.sampler, p.block_length) for p in submitted] == [("llada", 4)] * 2
