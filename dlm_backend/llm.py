@@ -8,12 +8,14 @@ import queue
 import threading
 from typing import AsyncIterator, Iterator
 
-from dlm_backend.chat.prompt import encode_chat
+from dlm_backend.chat.prompt import prompt_ids
+from dlm_backend.chat.tool_calls import normalize_tools
 from dlm_backend.engine import shared_engines as shared
 from dlm_backend.engine.engine_config import EngineConfig
 from dlm_backend.engine.checkpoint.folder import default_model
 from dlm_backend.engine.outputs import GenerationOutput, StreamChunk
-from dlm_backend.engine.params import SamplingParams, layered
+from dlm_backend.engine.params import SamplingParams
+from dlm_backend.engine.sampling_defaults import layered
 from dlm_backend.errors import DLMError, EngineError, RequestTimeoutError, TokenizerError
 
 
@@ -79,19 +81,23 @@ class LLM:
 
     def sampling_params(self, **changes) -> SamplingParams:
         """The checkpoint's decoding defaults (its ``generation_config.json``) with ``changes`` applied
-        (naming another sampler than the checkpoint's drops them; see :func:`params.layered`).
+        (naming another sampler than the checkpoint's drops them; see :func:`sampling_defaults.layered`);
+        a registered sampler's own knobs are taken by name too (``per_pass=4``).
 
-        Every method here uses ``sampling_params()`` when given no SamplingParams; a SamplingParams
-        built by hand is used as it is.
+        The one place defaults are layered: every method here uses ``sampling_params()`` when given
+        no SamplingParams, and every front door builds its request's parameters here (the adapters
+        through ``chat.request_params``); a SamplingParams built by hand is used as it is.
         """
         return SamplingParams(**layered(self.engine.sampling_defaults, changes))
 
     # -- prompts ------------------------------------------------------------------------------
 
     def encode_chat(self, messages: list[dict], tools: list[dict] | None = None, **template_kwargs) -> list[int]:
-        """Token ids of ``messages`` rendered with the chat template, ready for the assistant turn.
-        OpenAI shapes are accepted (content-part lists, tool calls with JSON-string arguments)."""
-        return encode_chat(self.tokenizer, messages, tools, **template_kwargs)
+        """Token ids of ``messages`` and ``tools`` as every front door sends them (chat/prompt.py: the
+        chat template, or tools written in as text where it has no tool listing), ready for the
+        assistant turn. OpenAI shapes are accepted (content-part lists, tool calls with JSON-string
+        arguments)."""
+        return prompt_ids(self.tokenizer, messages, normalize_tools(tools), **template_kwargs)
 
     def _prompt_ids(self, prompts, prompt_token_ids) -> list[list[int]]:
         if (prompts is None) == (prompt_token_ids is None):
@@ -154,7 +160,9 @@ class LLM:
 
     def chat(self, messages: list[dict], sampling_params: SamplingParams | None = None, *,
              tools: list[dict] | None = None, timeout: float | None = None, **template_kwargs) -> GenerationOutput:
-        """Answer one conversation (``[{"role": ..., "content": ...}, ...]``)."""
+        """Answer one conversation (``[{"role": ..., "content": ...}, ...]``); ``tools`` go into the
+        prompt as every front door puts them (:meth:`encode_chat`). The answer is the model's text:
+        reading tool calls out of it is the chat layer's (``dlm_backend.chat``)."""
         ids = self.encode_chat(messages, tools, **template_kwargs)
         return self.generate(prompt_token_ids=[ids], sampling_params=sampling_params, timeout=timeout)[0]
 

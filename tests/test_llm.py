@@ -70,3 +70,29 @@ def test_loading_a_model_imports_no_compiler():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "False"
+
+
+def test_chat_sends_the_tools_as_the_chat_layer_does(llada_chat):
+    """LLaDA's template writes no tool listing: LLM.chat handed it the tools and it dropped them (33
+    tokens, no tool) where the chat layer writes them in as text (269). Every caller builds its prompt
+    the one way (chat/prompt.py), so chat, stream_chat and their async forms send what a front door sends."""
+    import asyncio
+
+    from tests.chat.chat_cases import WEATHER
+
+    from dlm_backend.chat import ChatRequest, Plan
+
+    llm = LLM(str(llada_chat))
+    assert not llm.tokenizer.renders_tools
+    messages, params = [{"role": "user", "content": "weather in Oslo?"}], SamplingParams(max_tokens=4, block_length=4)
+    want = Plan(llm, ChatRequest(messages, params, tools=[WEATHER])).prompt_ids
+    assert "get_weather" in llm.tokenizer.decode(want, skip_special_tokens=False)
+
+    async def async_forms():
+        streamed = [c async for c in llm.astream_chat(messages, params, tools=[WEATHER])]
+        return [await llm.achat(messages, params, tools=[WEATHER]), streamed[-1].output]
+
+    outs = [llm.chat(messages, params, tools=[WEATHER]), list(llm.stream_chat(messages, params, tools=[WEATHER]))[-1].output,
+            *asyncio.run(async_forms())]
+    assert [o.prompt_token_ids for o in outs] == [want] * 4
+    assert llm.encode_chat(messages, tools=[WEATHER]) == want

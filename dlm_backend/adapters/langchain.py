@@ -141,28 +141,12 @@ class ChatDLM(create_model("_ChatDLMKnobs", __base__=BaseChatModel, **knob_field
         llm = self._handles.get(model, self.device)
         params = chat.request_params(llm, {**self._knobs, "stop": self.stop}, kwargs, taken=FRAMEWORK_TAKEN,
                                      where="ChatDLM call")
-        request = chat.ChatRequest(messages=convert_to_openai_messages(messages), params=params,
-                                   tools=call.get("tools"), tool_choice=call.get("tool_choice"),
-                                   response_format=call.get("response_format"))
+        request = chat.ChatRequest.from_call(convert_to_openai_messages(messages), params, call)
         return llm, chat.Plan(llm, request), display_name(model)
-
-    @staticmethod
-    def _message(result: chat.ChatResult, model: str) -> AIMessage:
-        return AIMessage(
-            content=result.content,
-            tool_calls=[{"name": c["function"]["name"], "args": _args(c), "id": c["id"], "type": "tool_call"}
-                        for c in result.tool_calls],
-            # Streamed, a malformed call arrives as content only: as a tool_call_chunk LangChain would
-            # re-read its raw text with a partial-JSON parser and might turn it into a valid call.
-            invalid_tool_calls=[{"name": b["name"], "args": b["arguments"], "id": None, "error": b["error"],
-                                 "type": "invalid_tool_call"} for b in result.invalid_tool_calls],
-            usage_metadata=_usage(result),
-            response_metadata=_metadata(result, model),
-            additional_kwargs=_parsed(result))
 
     def _result(self, result: chat.ChatResult, model: str) -> ChatResult:
         # llm_output as ChatOpenAI fills it: callbacks reading LLMResult.llm_output find usage there.
-        return ChatResult(generations=[ChatGeneration(message=self._message(result, model))],
+        return ChatResult(generations=[ChatGeneration(message=ai_message(result, model))],
                           llm_output={"token_usage": dict(result.usage), "model_name": model, "model_provider": "dlm"})
 
     def _combine_llm_outputs(self, llm_outputs: list[dict | None]) -> dict:
@@ -254,6 +238,22 @@ class ChatDLM(create_model("_ChatDLMKnobs", __base__=BaseChatModel, **knob_field
         parsed = RunnablePassthrough.assign(parsed=itemgetter("raw") | parser, parsing_error=lambda _: None)
         fallback = RunnablePassthrough.assign(parsed=lambda _: None)
         return RunnableMap(raw=llm) | parsed.with_fallbacks([fallback], exception_key="parsing_error")
+
+
+def ai_message(result: chat.ChatResult, model: str) -> AIMessage:
+    """A whole answer as LangChain's AIMessage: tool calls parsed, malformed ones as invalid calls,
+    usage and metadata where ChatOpenAI puts them."""
+    return AIMessage(
+        content=result.content,
+        tool_calls=[{"name": c["function"]["name"], "args": _args(c), "id": c["id"], "type": "tool_call"}
+                    for c in result.tool_calls],
+        # Streamed, a malformed call arrives as content only: as a tool_call_chunk LangChain would
+        # re-read its raw text with a partial-JSON parser and might turn it into a valid call.
+        invalid_tool_calls=[{"name": b["name"], "args": b["arguments"], "id": None, "error": b["error"],
+                             "type": "invalid_tool_call"} for b in result.invalid_tool_calls],
+        usage_metadata=_usage(result),
+        response_metadata=_metadata(result, model),
+        additional_kwargs=_parsed(result))
 
 
 def _is_pydantic(schema) -> bool:

@@ -45,7 +45,8 @@ PROVIDER = "dlm"
 ALIASES = {"default": None, "dlm-tiny": str(EMBEDDED_MODEL)}
 
 
-def _model_path(model: str) -> str | None:
+def model_path(model: str) -> str | None:
+    """The checkpoint a ``dlm/...`` model string names (None: ``$DLM_MODEL``, else dlm-tiny)."""
     name = model.split("/", 1)[1] if model.startswith(PROVIDER + "/") else model
     return ALIASES.get(name, name)
 
@@ -61,11 +62,9 @@ def _request(handles: Handles, model: str, messages: list, optional_params: dict
     params.update(params.pop("extra_body", None) or {})
     chat.refuse_unsupported(params)
     call = {k: params.pop(k) for k in (*CALL_ARGS, *chat.UNSUPPORTED) if k in params}
-    llm = handles.get(_model_path(model))
+    llm = handles.get(model_path(model))
     sampling = chat.request_params(llm, params, taken=FRAMEWORK_TAKEN, where="litellm.completion")
-    request = chat.ChatRequest(messages, sampling, tools=call.get("tools"), tool_choice=call.get("tool_choice"),
-                               response_format=call.get("response_format"))
-    return chat.Plan(llm, request)
+    return chat.Plan(llm, chat.ChatRequest.from_call(messages, sampling, call))
 
 
 def _deadline(timeout) -> chat.Deadline:
@@ -114,9 +113,7 @@ def _fill(model_response: ModelResponse, result: chat.ChatResult, model: str) ->
     model_response.choices = [Choices(message=message, finish_reason=result.finish_reason, index=0)]
     model_response.model = model
     model_response.created = int(time.time())
-    u = result.usage
-    model_response.usage = Usage(prompt_tokens=u["prompt_tokens"], completion_tokens=u["completion_tokens"],
-                                 total_tokens=u["total_tokens"])
+    model_response.usage = Usage(**result.usage)
     return model_response
 
 
@@ -127,10 +124,7 @@ def _chunk(delta: chat.ChatDelta) -> GenericStreamingChunk:
         chunk["tool_use"] = {"id": delta.tool_call.get("id"), "type": "function", "index": delta.index,
                              "function": {"name": None, **delta.tool_call["function"]}}
     if delta.result is not None:
-        u = delta.result.usage
-        chunk.update(is_finished=True, finish_reason=delta.result.finish_reason,
-                     usage={"prompt_tokens": u["prompt_tokens"], "completion_tokens": u["completion_tokens"],
-                            "total_tokens": u["total_tokens"]})
+        chunk.update(is_finished=True, finish_reason=delta.result.finish_reason, usage=delta.result.usage)
     return chunk
 
 
@@ -140,19 +134,20 @@ class DLMProvider(CustomLLM):
 
     def __init__(self) -> None:
         super().__init__()
-        self._handles = Handles()
+        #: the engine handles this provider holds, one per model it has served
+        self.handles = Handles()
 
     def close(self) -> None:
         """Give every engine handle back (the last handle on an engine frees its weights); the next
         call for a model loads it again."""
-        self._handles.close()
+        self.handles.close()
 
     def completion(self, model: str, messages: list, api_base: str | None = None, custom_prompt_dict=None,
                    model_response: ModelResponse | None = None, print_verbose=None, encoding=None,
                    api_key=None, logging_obj=None, optional_params: dict | None = None, **kwargs: Any) -> ModelResponse:
         deadline = _deadline(kwargs.get("timeout"))
         with _errors(model):
-            plan = _request(self._handles, model, messages, optional_params or {})
+            plan = _request(self.handles, model, messages, optional_params or {})
             result = chat.complete(plan.llm, plan.request, plan, timeout=deadline)
         return _fill(model_response or ModelResponse(), result, model)
 
@@ -162,7 +157,7 @@ class DLMProvider(CustomLLM):
                           **kwargs: Any) -> ModelResponse:
         deadline = _deadline(kwargs.get("timeout"))
         with _errors(model):
-            plan = await off_loop(deadline, _request, self._handles, model, messages, optional_params or {})
+            plan = await off_loop(deadline, _request, self.handles, model, messages, optional_params or {})
             result = await chat.acomplete(plan.llm, plan.request, plan, timeout=deadline)
         return _fill(model_response or ModelResponse(), result, model)
 
@@ -171,7 +166,7 @@ class DLMProvider(CustomLLM):
                   logging_obj=None, optional_params: dict | None = None, **kwargs: Any) -> Iterator[GenericStreamingChunk]:
         deadline = _deadline(kwargs.get("timeout"))
         with _errors(model):
-            plan = _request(self._handles, model, messages, optional_params or {})
+            plan = _request(self.handles, model, messages, optional_params or {})
             for delta in chat.stream(plan.llm, plan.request, plan, timeout=deadline):
                 yield _chunk(delta)
 
@@ -181,7 +176,7 @@ class DLMProvider(CustomLLM):
                          **kwargs: Any) -> AsyncIterator[GenericStreamingChunk]:
         deadline = _deadline(kwargs.get("timeout"))
         with _errors(model):
-            plan = await off_loop(deadline, _request, self._handles, model, messages, optional_params or {})
+            plan = await off_loop(deadline, _request, self.handles, model, messages, optional_params or {})
             async for delta in chat.astream(plan.llm, plan.request, plan, timeout=deadline):
                 yield _chunk(delta)
 
@@ -218,7 +213,7 @@ def tokenizer(model: str = "dlm/default") -> dict:
     """The model's tokenizer for ``litellm.token_counter(model=..., custom_tokenizer=tokenizer(model),
     messages=...)``, LiteLLM's hook for a model's own tokenizer (without it LiteLLM counts with
     tiktoken). LiteLLM adds OpenAI's per-message framing; :func:`token_counter` is exact."""
-    folder = resolve_checkpoint(_model_path(model) or default_model(), patterns=["tokenizer*"])
+    folder = resolve_checkpoint(model_path(model) or default_model(), patterns=["tokenizer*"])
     data = read_checkpoint_file(folder, "tokenizer.json", MAX_TOKENIZER_BYTES)   # bounded, inside the folder
     if data is None:
         raise DLMError(f"{model} has no tokenizer.json, so its tokens cannot be counted.", param="model")
@@ -229,7 +224,7 @@ def token_counter(model: str = "dlm/default", messages: list | None = None, tool
                   tool_choice=None) -> int:
     """The prompt tokens ``messages`` (and ``tools``) take for ``model``, chat template included:
     the ``usage.prompt_tokens`` a completion of them reports (only the tokenizer is read)."""
-    return chat.count_prompt_tokens(model_tokenizer(_model_path(model), provider._handles), messages or [], tools,
+    return chat.count_prompt_tokens(model_tokenizer(model_path(model), provider.handles), messages or [], tools,
                                     tool_choice)
 
 

@@ -111,8 +111,7 @@ class DLM(create_model("_DLMKnobs", __base__=FunctionCallingLLM, **knob_fields(F
         llm = self._llm
         params = chat.request_params(llm, fields, self.additional_kwargs, kwargs, taken=FRAMEWORK_TAKEN,
                                      where="DLM call")
-        request = chat.ChatRequest([_to_openai(m) for m in messages], params, tools=call.get("tools"),
-                                   tool_choice=call.get("tool_choice"), response_format=call.get("response_format"))
+        request = chat.ChatRequest.from_call([to_openai(m) for m in messages], params, call)
         with self._explained():
             return chat.Plan(llm, request)
 
@@ -127,32 +126,19 @@ class DLM(create_model("_DLMKnobs", __base__=FunctionCallingLLM, **knob_fields(F
     def _deadline(self, kwargs: dict) -> chat.Deadline:
         return chat.Deadline(kwargs.pop("timeout", self.timeout))
 
-    @staticmethod
-    def _response(result: chat.ChatResult) -> ChatResponse:
-        blocks: list = [TextBlock(text=result.content)] if result.content else []
-        blocks += [ToolCallBlock(tool_call_id=c["id"], tool_name=c["function"]["name"],
-                                 tool_kwargs=json.loads(c["function"]["arguments"])) for c in result.tool_calls]
-        # The calls also go in additional_kwargs, where LlamaIndex's streaming structured output
-        # (program.utils.process_streaming_objects) looks for them, as OpenAI's LLM puts them.
-        extra = {"tool_calls": result.tool_calls} if result.tool_calls else {}
-        message = ChatMessage(role=MessageRole.ASSISTANT, blocks=blocks or [TextBlock(text="")], additional_kwargs=extra)
-        raw = {"usage": result.usage, "finish_reason": result.finish_reason,
-               "num_forward_passes": result.num_forward_passes}
-        return ChatResponse(message=message, raw=raw)
-
     @llm_chat_callback()
     def chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
         deadline = self._deadline(kwargs)
         plan = self._request(messages, kwargs)
         with self._explained():
-            return self._response(chat.complete(plan.llm, plan.request, plan, timeout=deadline))
+            return chat_response(chat.complete(plan.llm, plan.request, plan, timeout=deadline))
 
     @llm_chat_callback()
     async def achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
         deadline = self._deadline(kwargs)
         plan = await off_loop(deadline, self._request, messages, kwargs)
         with self._explained():
-            return self._response(await chat.acomplete(plan.llm, plan.request, plan, timeout=deadline))
+            return chat_response(await chat.acomplete(plan.llm, plan.request, plan, timeout=deadline))
 
     @llm_chat_callback()
     def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
@@ -160,7 +146,7 @@ class DLM(create_model("_DLMKnobs", __base__=FunctionCallingLLM, **knob_fields(F
         plan = self._request(messages, kwargs)
 
         def gen() -> ChatResponseGen:
-            accumulate = Accumulator(DLM._response)
+            accumulate = Accumulator(chat_response)
             with self._explained():
                 for delta in chat.stream(plan.llm, plan.request, plan, timeout=deadline):
                     if (response := accumulate(delta)) is not None:
@@ -173,7 +159,7 @@ class DLM(create_model("_DLMKnobs", __base__=FunctionCallingLLM, **knob_fields(F
         plan = await off_loop(deadline, self._request, messages, kwargs)
 
         async def gen() -> ChatResponseAsyncGen:
-            accumulate = Accumulator(DLM._response)
+            accumulate = Accumulator(chat_response)
             with self._explained():
                 async for delta in chat.astream(plan.llm, plan.request, plan, timeout=deadline):
                     if (response := accumulate(delta)) is not None:
@@ -261,7 +247,22 @@ class DLM(create_model("_DLMKnobs", __base__=FunctionCallingLLM, **knob_fields(F
         return calls
 
 
-def _to_openai(message: ChatMessage) -> dict:
+def chat_response(result: chat.ChatResult) -> ChatResponse:
+    """A whole answer as LlamaIndex's ChatResponse: text and tool-call blocks, usage in ``raw``."""
+    blocks: list = [TextBlock(text=result.content)] if result.content else []
+    blocks += [ToolCallBlock(tool_call_id=c["id"], tool_name=c["function"]["name"],
+                             tool_kwargs=json.loads(c["function"]["arguments"])) for c in result.tool_calls]
+    # The calls also go in additional_kwargs, where LlamaIndex's streaming structured output
+    # (program.utils.process_streaming_objects) looks for them, as OpenAI's LLM puts them.
+    extra = {"tool_calls": result.tool_calls} if result.tool_calls else {}
+    message = ChatMessage(role=MessageRole.ASSISTANT, blocks=blocks or [TextBlock(text="")], additional_kwargs=extra)
+    raw = {"usage": result.usage, "finish_reason": result.finish_reason,
+           "num_forward_passes": result.num_forward_passes}
+    return ChatResponse(message=message, raw=raw)
+
+
+def to_openai(message: ChatMessage) -> dict:
+    """A LlamaIndex message as an OpenAI-shaped one (its calls once, from the blocks or the legacy list)."""
     role = message.role.value if hasattr(message.role, "value") else str(message.role)
     out: dict = {"role": role, "content": message.content or ""}
     # One message may carry its calls both ways (ours do): the blocks win, the legacy list is a fallback.

@@ -3,8 +3,9 @@ front door (LangChain, LlamaIndex, LiteLLM, the OpenAI-compatible server).
 
 Front doors translate their framework's call into a :class:`ChatRequest` (OpenAI-style messages,
 tools, tool_choice, response_format, sampling parameters) and get back a :class:`ChatResult`, or
-:class:`ChatDelta` events while streaming. ``messages`` holds those types, ``plan`` turns a request
-into engine passes, ``run`` runs them, ``options`` reads a front door's arguments.
+:class:`ChatDelta` events while streaming. ``messages`` holds those types (and builds every front
+door's request: :meth:`ChatRequest.from_call`), ``prompt`` the one prompt builder, ``plan`` turns a
+request into the generations it takes, ``run`` runs them, ``options`` reads a front door's arguments.
 """
 
 from dlm_backend.chat.messages import ChatDelta, ChatRequest, ChatResult, normalize_messages

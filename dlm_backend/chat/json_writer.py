@@ -2,10 +2,10 @@
 
 A fixed-size value slot cuts long values (a number slot of 3 tokens kept 2 digits of " 573") and
 makes short ones pad, which no model saw in training. Here the answer's JSON text so far is the
-response template of one pass per value, and the model writes the value after it freely; the engine
-ends the pass at the value's closing delimiter (a stop string: the closing quote of a string, or the
+response template of one generation per value, and the model writes the value after it freely; the
+engine ends the generation at the value's closing delimiter (a stop string: the closing quote of a string, or the
 ``,`` / ``}`` / ``]`` / newline after a number), so a value is as long as the model makes it. A
-string that has not closed when its pass runs out of room grows by another pass, up to
+string that has not closed when its generation runs out of room grows by another one, up to
 :data:`STRING_LIMIT` tokens; one closed by an escaped quote goes on. Each value is then read as its
 type (a number as a number, an enum as its nearest option) and written into the answer with
 ``json.dumps``, so the answer always parses, has the schema's keys in order, and its streamed
@@ -26,7 +26,7 @@ from typing import Generator
 
 from dlm_backend.chat.structured import nearest, scalar, slot_kind
 
-STRING_CHUNK = 32        # free slots a string's pass has before it grows (tokens)
+STRING_CHUNK = 32        # free slots a string's generation has before it grows (tokens)
 STRING_LIMIT = 512       # the longest string value written, in tokens; longer is cut there
 NUMBER_ROOM = 24         # free slots for a number, a boolean or an enum's number: "-12345678901234567890e-10" fits
 ARRAY_ROOM = 128         # free slots for an array of scalars
@@ -38,7 +38,7 @@ SAMPLES = {"string": '"x"', "integer": "5", "number": "5", "boolean": "true", "e
 
 @dataclass(frozen=True)
 class ValueStep:
-    """One pass: the answer so far as fixed tokens, room for the value after it, where it ends."""
+    """One value's generation: the answer so far as fixed tokens, room for the value after it, where it ends."""
 
     template: list[int]
     room: int
@@ -56,7 +56,7 @@ class Written:
 
 
 class JsonWriter:
-    """Writes ``head`` + the object for a templatable ``schema`` + ``tail``, a value a pass, within
+    """Writes ``head`` + the object for a templatable ``schema`` + ``tail``, a value a generation, within
     ``max_tokens`` tokens for the whole answer.
 
     :meth:`steps` is a generator: it yields :class:`ValueStep` s and receives :class:`Written` s;
@@ -113,7 +113,7 @@ class JsonWriter:
         self.settled += json.dumps(value, ensure_ascii=False)
         return value
 
-    # -- the passes ------------------------------------------------------------------------------
+    # -- the generations -------------------------------------------------------------------------
 
     def _step(self, room: int, stop: list[str], sample: str | None = None, written: str = "") -> ValueStep | None:
         """The answer so far (and ``written``: the value's part already decided) as fixed tokens, cut

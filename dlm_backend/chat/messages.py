@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from dlm_backend.engine.outputs import GenerationOutput
+from dlm_backend.engine.outputs import GenerationOutput, usage_of
 from dlm_backend.engine.params import SamplingParams
 from dlm_backend.errors import DLMError
 
@@ -72,6 +72,10 @@ def normalize_messages(messages: list[dict]) -> list[dict]:
     return out
 
 
+#: The fields of a chat call the chat layer reads besides its messages and knobs (OpenAI's names).
+CALL_FIELDS = ("tools", "tool_choice", "response_format")
+
+
 @dataclass
 class ChatRequest:
     """A chat call as every front door describes it (OpenAI conventions)."""
@@ -81,6 +85,13 @@ class ChatRequest:
     tools: list[dict] | None = None
     tool_choice: object = None
     response_format: dict | None = None
+
+    @classmethod
+    def from_call(cls, messages: list[dict], params: SamplingParams | None, call) -> "ChatRequest":
+        """The request of one front-door call: its OpenAI-shaped ``messages``, its SamplingParams, and
+        ``call``, a mapping holding the call's other fields by OpenAI's names (:data:`CALL_FIELDS`
+        are read, the rest is not). Every front door builds its request here."""
+        return cls(messages, params, **{name: call.get(name) for name in CALL_FIELDS})
 
 
 @dataclass
@@ -99,9 +110,7 @@ class ChatResult:
     @property
     def usage(self) -> dict:
         """Tokens of every generation the answer took (as billed: each attempt reads the prompt)."""
-        outs = [*self.earlier, self.output]
-        prompt, completion = sum(o.num_prompt_tokens for o in outs), sum(o.num_generated_tokens for o in outs)
-        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+        return usage_of([*self.earlier, self.output])
 
     @property
     def num_forward_passes(self) -> int:

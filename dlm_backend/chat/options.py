@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from dlm_backend.engine.params import SamplingParams, knob_values, layered
+from dlm_backend.engine.params import SamplingParams, knob_values
 from dlm_backend.errors import DLMError
 
 
 def request_params(llm, *layers: dict, taken: tuple[str, ...] = (), where: str = "request") -> SamplingParams:
-    """SamplingParams for one front-door call: the checkpoint's decoding defaults (dropped when the
-    call picks another sampler), then each layer of knobs in turn (an adapter's fields, then the
-    call's own arguments), later layers winning; the knob table's defaults fill the rest.
+    """SamplingParams for one front-door call: each layer of knobs in turn (an adapter's fields, then
+    the call's own arguments), later layers winning, over the checkpoint's decoding defaults
+    (``llm.sampling_params``, the one place they are layered; dropped when the call picks another
+    sampler); the knob table's defaults fill the rest.
 
     Names are the knob table's (``kv_cache`` for ``cache`` where the framework owns ``cache``:
     pass it in ``taken``); an unknown or misspelled knob is a DLMError naming the nearest one.
@@ -17,7 +18,7 @@ def request_params(llm, *layers: dict, taken: tuple[str, ...] = (), where: str =
     values: dict = {}
     for layer in layers:
         values.update(knob_values(layer, taken, where))
-    return SamplingParams(**layered(llm.engine.sampling_defaults, values))
+    return llm.sampling_params(**values)
 
 
 #: OpenAI request fields a diffusion engine does not serve: field -> (values that ask for nothing, why).

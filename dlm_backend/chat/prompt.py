@@ -69,18 +69,6 @@ def check_length(tokenizer, text: str, max_prompt_tokens: int, why: str, param: 
             "prompt (fewer documents or turns) or lower max_tokens.", param=param)
 
 
-def encode_chat(tokenizer, messages: list[dict], tools: list[dict] | None = None,
-                limit: tuple[int, str] | None = None, **template_kwargs) -> list[int]:
-    """Token ids of ``messages`` (OpenAI shapes accepted) rendered for the assistant's turn; with
-    ``limit`` (most prompt tokens, where that limit comes from), a rendered prompt that cannot fit
-    is refused before it is tokenized."""
-    messages = normalize_messages(messages)
-    text = tokenizer.apply_chat_template(messages, tools=tools, **template_kwargs)
-    if limit is not None:
-        check_length(tokenizer, text, *limit)
-    return tokenizer.encode(text)
-
-
 def prompt_limit(llm, max_tokens: int, max_prompt_tokens: int | None = None) -> tuple[int, str]:
     """The most prompt tokens a request asking for ``max_tokens`` can send, and why: the model's
     context less ``max_tokens``, or a server's ``max_prompt_tokens`` when lower."""
@@ -91,14 +79,20 @@ def prompt_limit(llm, max_tokens: int, max_prompt_tokens: int | None = None) -> 
 
 
 def prompt_ids(tokenizer, messages: list[dict], tools: list[dict] | None = None,
-               limit: tuple[int, str] | None = None) -> list[int]:
-    """The prompt a chat request sends: ``messages`` and ``tools`` (normalized) through the chat
-    template, or, where the template writes no tool listing (LLaDA's), tools and tool turns as text."""
+               limit: tuple[int, str] | None = None, **template_kwargs) -> list[int]:
+    """The prompt every caller sends, built here only: ``messages`` (OpenAI shapes accepted) and
+    ``tools`` (as :func:`normalize_tools` returns them) through the chat template, ready for the
+    assistant's turn; where the template writes no tool listing (LLaDA's), tools and tool turns are
+    written in as text. With ``limit`` (most prompt tokens, where that limit comes from), a rendered
+    prompt that cannot fit is refused before it is tokenized."""
     messages = normalize_messages(messages)
     has_tool_turns = any(m["role"] == "tool" or m.get("tool_calls") for m in messages)
     if (tools or has_tool_turns) and not tokenizer.renders_tools:
-        return encode_chat(tokenizer, fallback_messages(messages, tools), limit=limit)
-    return encode_chat(tokenizer, messages, tools=tools, limit=limit)
+        messages, tools = fallback_messages(messages, tools), None
+    text = tokenizer.apply_chat_template(messages, tools=tools, **template_kwargs)
+    if limit is not None:
+        check_length(tokenizer, text, *limit)
+    return tokenizer.encode(text)
 
 
 def count_prompt_tokens(tokenizer, messages: list[dict], tools: list[dict] | None = None, tool_choice=None) -> int:

@@ -115,19 +115,21 @@ class ServedModel:
         self.llm().engine.admit(prompt_ids, params, response_template=template)
 
     def params(self, knobs: dict):
-        """The request's SamplingParams; no ``max_tokens`` means the default canvas within the limit."""
-        if "max_tokens" not in knobs:
-            knobs = {**knobs, "max_tokens": min(self.llm().sampling_params().max_tokens, self.cfg.max_tokens_limit)}
-        params = chat.request_params(self.llm(), knobs, where="body")
-        if params.max_tokens > self.cfg.max_tokens_limit:        # before the prompt is looked at
-            raise DLMError(f"max_tokens {params.max_tokens} is over this server's limit of "
-                           f"{self.cfg.max_tokens_limit}; ask for fewer tokens.", param="max_tokens")
+        """The request's SamplingParams from its body's knobs (checked once, by the body:
+        protocol.py), layered over the checkpoint's defaults; no ``max_tokens`` means the default
+        canvas within this server's limit."""
+        limit = self.cfg.max_tokens_limit
+        params = self.llm().sampling_params(**knobs)
+        if params.max_tokens > limit:                            # before the prompt is looked at
+            if "max_tokens" in knobs:
+                raise DLMError(f"max_tokens {params.max_tokens} is over this server's limit of {limit}; ask for "
+                               "fewer tokens.", param="max_tokens")
+            params = params.replace(max_tokens=limit)
         return params
 
     def plan_chat(self, body, knobs: dict) -> chat.Plan:
         """A chat body planned and admitted (in a worker thread: a big schema is work)."""
-        request = chat.ChatRequest(body.messages, self.params(knobs), tools=body.tools, tool_choice=body.tool_choice,
-                                   response_format=body.response_format)
+        request = chat.ChatRequest.from_call(body.messages, self.params(knobs), dict(body))
         plan = chat.Plan(self.llm(), request, max_prompt_tokens=self.cfg.max_prompt_tokens)
         self.admit(plan.prompt_ids, plan.params, plan.template)
         return plan

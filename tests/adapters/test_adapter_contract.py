@@ -5,6 +5,7 @@ table, no framework globals touched, and an explicit ``close()`` that gives the 
 import pytest
 from tests.helpers import make_chat_checkpoint
 
+from dlm_backend import LLM
 from dlm_backend.engine import shared_engines as shared
 from dlm_backend.errors import DLMError, SamplingParamsError
 
@@ -114,7 +115,8 @@ def test_counting_tokens_reads_the_tokenizer_not_the_weights(adapter, fresh_mode
     ids = count("hello there")
     assert not any(fresh_model in str(k[0]) for k in shared.loaded())
     _answer(model)
-    assert count("hello there") == ids == model._handles.loaded(fresh_model).tokenizer.encode("hello there")
+    with LLM(fresh_model) as loaded:                                   # the engine the adapter loaded
+        assert count("hello there") == ids == loaded.tokenizer.encode("hello there")
     model.close()
 
 
@@ -159,7 +161,8 @@ def test_constructing_a_llamaindex_dlm_leaves_its_globals_alone(fresh_model):
         assert llama_index.core.global_tokenizer is None                # construction changed nothing global
         Settings.tokenizer = llm.tokenizer                              # the one documented line
         text = "Diffusion models fill masked tokens in parallel."
-        assert get_tokenizer()(text) == llm.tokenizer(text) == llm._llm.tokenizer.encode(text)
+        with LLM(fresh_model) as loaded:
+            assert get_tokenizer()(text) == llm.tokenizer(text) == loaded.tokenizer.encode(text)
         llm.close()
     finally:
         llama_index.core.global_tokenizer = saved

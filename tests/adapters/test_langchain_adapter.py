@@ -7,7 +7,7 @@ pytest.importorskip("langchain_core", reason="install the [langchain] extra")
 from pydantic import BaseModel  # noqa: E402
 from pydantic.v1 import BaseModel as BaseModelV1  # noqa: E402
 
-from dlm_backend.adapters.langchain import ChatDLM  # noqa: E402
+from dlm_backend.adapters.langchain import ChatDLM, ai_message  # noqa: E402
 
 
 class Joke(BaseModel):
@@ -56,7 +56,7 @@ def test_a_malformed_call_is_an_invalid_tool_call_not_a_silent_empty_message():
     text = '<tool_call>{"name": "get_weather", "arguments": {"city": </tool_call>'
     content, calls, bad = parse_tool_calls(text)
     result = ChatResult(content, [], "stop", GenerationOutput("r", [1, 2], [3], text, "stop", 1), invalid_tool_calls=bad)
-    msg = ChatDLM._message(result, "dlm-tiny")
+    msg = ai_message(result, "dlm-tiny")
     assert msg.tool_calls == [] and msg.content == text
     assert [(c["name"], c["args"]) for c in msg.invalid_tool_calls] == [("get_weather", bad[0]["arguments"])]
     assert msg.invalid_tool_calls[0]["error"].startswith("malformed tool call")

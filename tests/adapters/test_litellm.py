@@ -74,12 +74,12 @@ async def _collect(response):
 
 
 def test_aliases_name_the_embedded_model_and_the_default():
-    from dlm_backend.adapters.litellm import _model_path
+    from dlm_backend.adapters.litellm import model_path
     from dlm_backend.engine.checkpoint.folder import EMBEDDED_MODEL
 
-    assert _model_path("dlm/dlm-tiny") == str(EMBEDDED_MODEL)     # even with $DLM_MODEL set
-    assert _model_path("dlm/default") is None                      # $DLM_MODEL, else dlm-tiny
-    assert _model_path("dlm/GSAI-ML/LLaDA-8B-Instruct") == "GSAI-ML/LLaDA-8B-Instruct"
+    assert model_path("dlm/dlm-tiny") == str(EMBEDDED_MODEL)     # even with $DLM_MODEL set
+    assert model_path("dlm/default") is None                      # $DLM_MODEL, else dlm-tiny
+    assert model_path("dlm/GSAI-ML/LLaDA-8B-Instruct") == "GSAI-ML/LLaDA-8B-Instruct"
     assert litellm.get_model_info("dlm/dlm-tiny")["max_input_tokens"] == 2048   # from its config.json
 
 

@@ -95,12 +95,12 @@ def test_streamed_tool_calls_reach_llamaindex_streaming_structured_output(dream_
 
 
 def test_a_reply_sent_back_carries_each_call_once(dream_chat):
-    from dlm_backend.adapters.llamaindex import _to_openai
+    from dlm_backend.adapters.llamaindex import to_openai
 
     llm = DLM(model=str(dream_chat), max_tokens=96, block_length=16)
     tool = FunctionTool.from_defaults(fn=get_weather)
     reply = llm.chat_with_tools([tool], user_msg="weather in Paris?", tool_choice="get_weather").message
-    assert reply.additional_kwargs["tool_calls"] and len(_to_openai(reply)["tool_calls"]) == 1
+    assert reply.additional_kwargs["tool_calls"] and len(to_openai(reply)["tool_calls"]) == 1
 
 
 @pytest.fixture

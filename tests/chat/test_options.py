@@ -2,17 +2,21 @@
 misspellings named, and the OpenAI fields a diffusion engine does not serve refused, not dropped.
 How the layers meet a real checkpoint's defaults: tests/engine/checkpoint/test_load.py."""
 
+import functools
 from types import SimpleNamespace
 
 import pytest
 
+from dlm_backend import LLM
 from dlm_backend.chat import UNSUPPORTED, refuse_unsupported, request_params
 from dlm_backend.errors import DLMError, SamplingParamsError
 
 
 def engine_with_defaults(**defaults):
-    """What request_params reads of an LLM: its engine's decoding defaults."""
-    return SimpleNamespace(engine=SimpleNamespace(sampling_defaults=defaults))
+    """What request_params reads of an LLM: ``sampling_params``, over its engine's decoding defaults."""
+    llm = SimpleNamespace(engine=SimpleNamespace(sampling_defaults=defaults))
+    llm.sampling_params = functools.partial(LLM.sampling_params, llm)
+    return llm
 
 
 def test_later_layers_win_and_aliases_name_their_knob():

@@ -121,3 +121,31 @@ def test_a_forced_call_that_is_generated_is_sampled_again_when_it_misses(dream_c
                                                         SamplingParams(max_tokens=48), tools=[tool],
                                                         tool_choice="required"))
     assert len(result.earlier) == 2 and result.tool_calls == []   # random weights: three misses, none passed off
+
+
+def test_a_plan_runs_twice_to_the_same_answer(dream_chat):
+    """A plan narrowed its own shape as it ran (the tool its name pass picked, JSON after a reply that
+    called no tool), so a second run of it skipped the name pass and billed less. Each run now keeps
+    its own state and the plan stays as it was planned."""
+    llm = LLM(str(dream_chat))
+    hi = [{"role": "user", "content": "weather?"}]
+    requests = [ChatRequest(hi, SamplingParams(max_tokens=96, block_length=32), tools=[WEATHER, TIME],
+                            tool_choice="required"),
+                ChatRequest(hi, SamplingParams(max_tokens=48, block_length=16), tools=[WEATHER],
+                            response_format=WEATHER_SCHEMA)]
+
+    def streamed(llm, request, plan):
+        return [d.result for d in stream(llm, request, plan) if d.result][0]
+
+    def answer(result):
+        calls = [(c["function"]["name"], c["function"]["arguments"]) for c in result.tool_calls]
+        return (result.content, calls, result.finish_reason, result.output.token_ids, result.usage,
+                result.num_forward_passes, len(result.earlier))
+
+    for request in requests:
+        plan = Plan(llm, request)
+        shape = plan.shape
+        for run in (complete, streamed):
+            first, second = run(llm, request, plan), run(llm, request, plan)
+            assert answer(first) == answer(second)
+        assert plan.shape == shape

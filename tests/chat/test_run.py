@@ -8,14 +8,11 @@ from tests.chat.chat_cases import TIME, WEATHER
 from dlm_backend import LLM, SamplingParams
 from dlm_backend.chat import ChatRequest, Plan, stream
 from dlm_backend.chat.plan import Free
-from dlm_backend.chat.run import _Splitter
+from dlm_backend.chat.run import Splitter
 
 
 def test_stream_splits_content_and_tool_calls(dream_chat):
-    class FakePlan:
-        tools, shape = [WEATHER], Free()
-
-    s = _Splitter(FakePlan())
+    s = Splitter(Free(), [WEATHER])
     events = []
     for piece in ["Sure. <tool", "_call>\n{\"name\": \"get_weather\", ", "\"arguments\": {}}\n</tool_call>", " done"]:
         events += s.feed(piece)
@@ -36,7 +33,7 @@ def test_a_malformed_call_reaches_the_result_and_the_stream_as_content(dream_cha
     result = plan.finish(GenerationOutput("r", [1], [2, 3], text, "stop", 2), plan.shape, [])
     assert result.content == text and result.tool_calls == [] and result.finish_reason == "stop"
     assert result.invalid_tool_calls[0]["name"] == "get_weather"
-    splitter = _Splitter(plan)
+    splitter = Splitter(plan.shape, plan.tools)
     events = splitter.feed(text) + splitter.close(result)
     assert "".join(e.content for e in events) == text
     assert not any(e.tool_call for e in events)
@@ -48,7 +45,7 @@ def test_a_stream_ending_in_what_might_have_begun_a_call_sends_it_as_content(dre
     llm = LLM(str(dream_chat))
     plan = Plan(llm, ChatRequest([{"role": "user", "content": "hi"}], SamplingParams(max_tokens=16), tools=[WEATHER]))
     for text in ["3 < 4 <", "cut off at <tool_"]:
-        splitter = _Splitter(plan)
+        splitter = Splitter(plan.shape, plan.tools)
         result = plan.finish(GenerationOutput("r", [1], [2, 3], text, "length", 2), plan.shape, [])
         events = splitter.feed(text[:4]) + splitter.feed(text[4:]) + splitter.close(result)
         assert "".join(e.content for e in events) == result.content == text

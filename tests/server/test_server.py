@@ -229,3 +229,32 @@ def test_served_model_names_are_aliases(dream_chat):
         assert [m.id for m in c.models.list().data] == ["tiny", "tiny-latest"]
         r = c.chat.completions.create(model="tiny-latest", messages=[{"role": "user", "content": "hi"}], max_tokens=4)
         assert r.model == "tiny-latest"
+
+
+def test_a_request_checks_and_layers_its_knobs_once(server, monkeypatch):
+    """The body's knobs were resolved and checked twice a request (the body, then the front doors'
+    layering again) and the checkpoint's defaults layered twice (once only to read the default canvas)."""
+    import sys
+
+    import httpx
+
+    from dlm_backend.engine import params, sampling_defaults
+
+    hi = {"model": "tiny", "block_length": 4, "seed": 1}
+    bodies = [("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}),
+              ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),    # the default canvas
+              ("/v1/completions", {"prompt": "hi", "max_tokens": 4})]
+    assert httpx.post(server + bodies[0][0], json={**hi, **bodies[0][1]}, timeout=60).status_code == 200   # loaded
+    calls = []
+    for name, home in (("knob_values", params), ("layered", sampling_defaults)):
+        real = getattr(home, name)
+
+        def counted(*args, real=real, name=name, **kwargs):
+            calls.append(name)
+            return real(*args, **kwargs)
+        for module in [m for m in list(sys.modules.values()) if getattr(m, "__dict__", {}).get(name) is real]:
+            monkeypatch.setattr(module, name, counted)          # every module that imported it
+    for path, body in bodies:
+        calls.clear()
+        r = httpx.post(server + path, json={**hi, **body}, timeout=60)
+        assert r.status_code == 200 and sorted(calls) == ["knob_values", "layered"], (path, body, calls)
