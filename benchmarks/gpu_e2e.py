@@ -29,6 +29,7 @@ from dlm_backend.engine.params import SamplingParams  # noqa: E402
 from dlm_backend.engine.forward.runner import ModelRunner  # noqa: E402
 from dlm_backend.engine.samplers import ThresholdSampler, TokenInfo  # noqa: E402
 from dlm_backend.engine.requests.canvas_sequence import CanvasSequence  # noqa: E402
+from dlm_backend.engine.requests.sequence import ScheduledBatch  # noqa: E402
 from dlm_backend.engine.kv import KVPool, PageAllocator  # noqa: E402
 from dlm_backend.engine.kv.pool import page_size_for  # noqa: E402
 
@@ -79,7 +80,7 @@ def generate(runner: ModelRunner, allocator: PageAllocator, batch: int, prompt_l
         refresh = any(s.step_in_block == 0 for s in live)
         sync()
         t0 = time.perf_counter()
-        runner.step(live)
+        runner.step(ScheduledBatch.of(live, runner.logits_shift))
         sync()
         passes.append((refresh, time.perf_counter() - t0))
     for s in seqs:

@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from random_checkpoint import block_config, random_model  # noqa: E402
 
 from dlm_backend.engine.requests.block_sequence import BlockSequence  # noqa: E402
+from dlm_backend.engine.requests.sequence import ScheduledBatch  # noqa: E402
 from dlm_backend.engine.engine_config import EngineConfig  # noqa: E402
 from dlm_backend.engine.kernels import resolve_kernels  # noqa: E402
 from dlm_backend.engine.kv import KVPool, PageAllocator  # noqa: E402
@@ -104,7 +105,7 @@ def drive(runner, alloc, model, seqs, counter=None) -> list[tuple]:
         kind = live[0].plan(model.logits_shift).kind
         sync()
         t0 = time.perf_counter()
-        runner.step(live)
+        runner.step(ScheduledBatch.of(live, runner.logits_shift))
         sync()
         records.append((kind, time.perf_counter() - t0, counter.take() if counter else 0))
     for s in seqs:

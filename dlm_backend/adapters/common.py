@@ -18,6 +18,7 @@ from dlm_backend.engine.params import (DEFAULTS, FRAMEWORK_NAMES, FRAMEWORK_TAKE
 from dlm_backend.engine.checkpoint.tokenizer import Tokenizer
 from dlm_backend.errors import DLMError, TokenizerError
 from dlm_backend.llm import LLM
+from dlm_backend.plugins import registered_knobs
 
 #: The framework front doors' knob fields, named as the knob table names them there: name -> field.
 KNOB_FIELDS: dict[str, str] = {public: name for name, public in FRAMEWORK_NAMES.items()}
@@ -86,8 +87,9 @@ def check_knob_values(given: dict, where: str) -> None:
     """The knob table's per-knob checks (type, range, allowed values) on an adapter's knob fields or
     extra knobs, at construction: a SamplingParamsError naming the knob as the adapter spells it.
     Rules tying knobs together wait for the call, which may change either of them."""
+    plugin = registered_knobs()                 # a registered sampler's own knobs, by their own names
     for name, value in knob_values(given, FRAMEWORK_TAKEN, where).items():
-        KNOBS[name].check(FRAMEWORK_NAMES[name], value)
+        (KNOBS.get(name) or plugin[name]).check(FRAMEWORK_NAMES.get(name, name), value)
 
 
 class Handles:

@@ -27,8 +27,6 @@ MAX_STOP = 16                   # stop strings per request, each at most MAX_STO
 MAX_STOP_CHARS = 256
 MAX_LENGTH = 1 << 20            # max_tokens / block_length cap before the context check (allocation bound)
 MAX_DENOISING_STEPS = 4096      # a canvas's passes: the reference's default is 48
-#: The key of ``generation_config.json`` under which a checkpoint names its own decoding defaults.
-CHECKPOINT_DEFAULTS_KEY = "dlm_sampling"
 
 
 @dataclass(frozen=True)
@@ -174,7 +172,8 @@ class SamplingParams:
                                     checkpoint=True)
     confidence_threshold: float = knob(0.005, "diffusiongemma: ... and its mean entropy is below this (0: runs "
                                        "max_denoising_steps)", float, low=0, high=1e6, checkpoint=True)
-    #: registered samplers' own knobs (``Sampler.knobs``): pass them by name like any knob, read them with get()
+    #: registered samplers' own knobs (``Sampler.knobs``) by name: pass them by name like any knob, read
+    #: any knob with get()
     options: dict = field(default_factory=dict)
 
     def __post_init__(self):
@@ -185,7 +184,7 @@ class SamplingParams:
             spec.check(name, getattr(self, name))
         self.options = dict(self.options)
         for name, value in self.options.items():
-            _plugin_knob(name).check(name, value)
+            plugin_knob(name).check(name, value)
         if self.temperature < GREEDY_BELOW:
             self.temperature = 0.0
         if self.alg_temp is not None and self.alg_temp < GREEDY_BELOW:
@@ -205,11 +204,13 @@ class SamplingParams:
 
     def get(self, name: str):
         """A knob's value by name: a field, or a registered sampler's own knob (its default when unset)."""
-        return getattr(self, name) if name in KNOBS else self.options.get(name, _plugin_knob(name).default)
+        return getattr(self, name) if name in KNOBS else self.options.get(name, plugin_knob(name).default)
 
 
-# The dataclass __init__, names that are not fields going into ``options`` (checked there): so every front
-# door that builds SamplingParams(**knobs) passes a plugin sampler's own knobs on as it is.
+# The generated __init__ takes the fields alone; wrapped, any other keyword goes into ``options``, where
+# __post_init__ checks it against the registered samplers' own knobs: SamplingParams(per_pass=4) then
+# works once a sampler declares per_pass, and a misspelling is a SamplingParamsError naming the
+# nearest knob instead of a TypeError.
 _FIELDS, _fields_init = frozenset(f.name for f in dataclasses.fields(SamplingParams)), SamplingParams.__init__
 
 
@@ -245,14 +246,14 @@ def knob_values(given: dict, taken: tuple[str, ...] = (), where: str = "request"
     for name, value in given.items():
         target = KNOB_NAMES.get(name) if name not in taken else None
         if target is None:                      # a registered sampler's own knob, else a misspelling
-            _plugin_knob(name, [n for n in KNOB_NAMES if n not in taken], where)
+            plugin_knob(name, [n for n in KNOB_NAMES if n not in taken], where)
             target = name
         if value is not None:
             values[target] = value
     return values
 
 
-def _plugin_knob(name: str, valid=KNOBS, where: str = "SamplingParams") -> Knob:
+def plugin_knob(name: str, valid=KNOBS, where: str = "SamplingParams") -> Knob:
     """A registered sampler's own knob (``Sampler.knobs``), else the error naming the nearest known name."""
     from dlm_backend.plugins import registered_knobs
 
@@ -267,42 +268,3 @@ def unknown_field(name: str, valid, where: str, kind: str = "knobs") -> Sampling
     near = difflib.get_close_matches(str(name), list(valid), n=1, cutoff=0.6)
     hint = f" Did you mean {near[0]!r}?" if near else f" Valid {kind}: {', '.join(sorted(valid))}."
     return SamplingParamsError(f"Unknown {where} field {name!r}.{hint}", param=str(name))
-
-
-def checkpoint_defaults(generation_config: dict, source: str = "generation_config.json") -> dict:
-    """The decoding defaults a checkpoint names under ``"dlm_sampling"`` in its generation config.
-
-    A model knows the block length and cache mode it decodes best with, so every front end starts
-    from these and the caller's own values win. Raises a :class:`SamplingParamsError` naming
-    ``source`` when a key is not a decoding knob or a value is out of range.
-    """
-    given = generation_config.get(CHECKPOINT_DEFAULTS_KEY) or {}
-    if not isinstance(given, dict):
-        raise SamplingParamsError(f"{source}: {CHECKPOINT_DEFAULTS_KEY!r} must be an object of decoding knobs.")
-    allowed = [n for n, k in KNOBS.items() if k.checkpoint]
-    unknown = sorted(set(given) - set(allowed))
-    if unknown:
-        raise SamplingParamsError(f"{source}: {CHECKPOINT_DEFAULTS_KEY!r} has {', '.join(unknown)}, which a "
-                                  f"checkpoint cannot set. Allowed: {', '.join(allowed)}.")
-    try:
-        SamplingParams(**given)
-    except SamplingParamsError as exc:
-        raise SamplingParamsError(f"{source}: {CHECKPOINT_DEFAULTS_KEY!r} is invalid. {exc}") from None
-    return dict(given)
-
-
-def layered(checkpoint: dict, given: dict) -> dict:
-    """SamplingParams fields: the checkpoint's defaults, then what the caller gave (the table's
-    defaults fill the rest).
-
-    The checkpoint's defaults describe one decoding set-up (its sampler's block, cache and
-    threshold), so they are dropped when the caller picks another sampler. Defaults that name no
-    sampler (a block length and cache only, say) hold for every sampler. A caller's
-    ``cfg_scale > 0`` with no cache of its own gets ``cache="none"``, which CFG needs.
-    """
-    sampler = given.get("sampler")
-    own = checkpoint if sampler is None or sampler == checkpoint.get("sampler", sampler) else {}
-    values = {**own, **given}
-    if (values.get("cfg_scale") or 0) > 0 and "cache" not in given:
-        values["cache"] = "none"
-    return values

@@ -61,10 +61,7 @@ class Scheduler:
 
     def plan(self, seqs: list[Sequence]) -> ScheduledBatch:
         """``seqs`` with their next passes (a request retried alone after a failed batch re-plans)."""
-        batch = ScheduledBatch()
-        for seq in seqs:
-            batch.add(seq, seq.plan(self.logits_shift))
-        return batch
+        return ScheduledBatch.of(seqs, self.logits_shift)
 
     def schedule(self) -> ScheduledBatch:
         while self.waiting and len(self.running) < self.limits.max_num_seqs and self._admit(self.waiting[0]):

@@ -9,6 +9,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from dlm_backend.engine.params import KNOB_NAMES, knob_values, unknown_field
+from dlm_backend.plugins import registered_knobs
 
 
 class _Body(BaseModel):
@@ -44,9 +45,10 @@ class _Body(BaseModel):
         diffusion fields, checked against the knob table (an unknown name is a DLMError)."""
         declared = set(type(self).model_fields)
         extra = dict(self.model_extra or {})
+        plugin = registered_knobs()             # a registered sampler's own knobs join the body's fields
         for name in extra:
-            if name not in KNOB_NAMES:
-                raise unknown_field(name, sorted(declared | set(KNOB_NAMES)), "body")
+            if name not in KNOB_NAMES and name not in plugin:
+                raise unknown_field(name, sorted(declared | set(KNOB_NAMES) | set(plugin)), "body")
         own = {k: v for k, v in self.model_dump(exclude_none=True, exclude=set(extra)).items()
                if k not in self.PLAIN and k not in self.CALL_FIELDS}
         return knob_values({**own, **extra})

@@ -22,8 +22,6 @@ from torch import nn
 from dlm_backend.engine.layers import RMSNorm, RotaryTable
 from dlm_backend.engine.layers.head import UnmaskStats, greedy_from_logits, unmask_stats, vocab_parallel_stats
 from dlm_backend.engine.parallel.group import build_group
-from dlm_backend.engine.params import SamplingParams
-from dlm_backend.errors import SamplingParamsError
 
 
 @dataclass(frozen=True)
@@ -183,14 +181,3 @@ class DiffusionLM(nn.Module, metaclass=ABCMeta):
         if logits.shape[1] == self.args.vocab_size:
             return greedy_from_logits(logits, exclude_id)
         return vocab_parallel_stats(self.tp, logits, self.args.vocab_size, exclude_id)
-
-
-def checkpoint_values(values: dict, source: str) -> dict:
-    """Knob values a checkpoint file gives (a family's :meth:`~DiffusionLM.family_defaults` reading its
-    reference's own fields), checked against the knob table; a SamplingParamsError naming ``source``
-    when one is out of range."""
-    try:
-        SamplingParams(**values)
-    except SamplingParamsError as exc:
-        raise SamplingParamsError(f"{source}: {exc}") from None
-    return dict(values)

@@ -67,6 +67,14 @@ class ScheduledBatch:
     seqs: list[Sequence] = field(default_factory=list)
     passes: list[Pass] = field(default_factory=list)
 
+    @classmethod
+    def of(cls, seqs: list[Sequence], shift: int) -> ScheduledBatch:
+        """``seqs``, each with its next pass (``shift``: the model's ``logits_shift``)."""
+        batch = cls()
+        for seq in seqs:
+            batch.add(seq, seq.plan(shift))
+        return batch
+
     def add(self, seq: Sequence, step: Pass) -> None:
         self.seqs.append(seq)
         self.passes.append(step)
@@ -113,7 +121,7 @@ class Sequence(ABC):
         self.error: str | None = None
         self.pages: list[int] = []             # KV pages, logical order (engine/kv)
         self.num_cached = 0                    # positions 0..num_cached hold clean keys and values
-        self.hashes: list[int] = []            # prefix-cache names of its full prompt pages (set when admitted)
+        self.hashes: list[bytes] = []          # prefix-cache names of its full prompt pages (set when admitted)
         self.num_shared = 0                    # leading pages shared with other requests
         self.published = 0                     # prompt pages offered to the prefix cache
         self.random = None                     # the sampler's draws (samplers/random.py), set by the runner
@@ -144,11 +152,11 @@ class Sequence(ABC):
         """Positions whose keys and values need pages (0: this request never pages)."""
         return 0
 
-    def prefix_hashes(self, page_size: int) -> list[int]:
+    def prefix_hashes(self, page_size: int) -> list[bytes]:
         """Hashes of the full prompt pages others may share (none unless block-causal)."""
         return []
 
-    def clean_prompt_pages(self, page_size: int) -> list[tuple[int, int]]:
+    def clean_prompt_pages(self, page_size: int) -> list[tuple[int, bytes]]:
         """(page, hash) of shareable prompt pages whose keys and values were written since the last
         call: the engine offers them to the prefix cache."""
         hashes = self.hashes

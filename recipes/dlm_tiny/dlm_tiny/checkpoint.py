@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from dlm_backend.engine.params import CHECKPOINT_DEFAULTS_KEY, checkpoint_defaults
+from dlm_backend.engine.sampling_defaults import CHECKPOINT_DEFAULTS_KEY, checkpoint_defaults
 from dlm_tiny.template import CHAT_TEMPLATE, EOS, MASK, SPECIAL_TOKENS, TOOL_TOKENS
 
 if TYPE_CHECKING:

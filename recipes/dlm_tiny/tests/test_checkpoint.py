@@ -5,7 +5,7 @@ import json
 import pytest
 
 from dlm_backend.engine.checkpoint.folder import EMBEDDED_MODEL
-from dlm_backend.engine.params import checkpoint_defaults
+from dlm_backend.engine.sampling_defaults import checkpoint_defaults
 from dlm_backend.errors import SamplingParamsError
 from dlm_tiny import checkpoint
 

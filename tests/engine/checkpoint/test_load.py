@@ -8,7 +8,8 @@ from tests.helpers import PARITY
 
 from dlm_backend import LLM, SamplingParams
 from dlm_backend.chat import request_params
-from dlm_backend.engine.params import DEFAULTS, checkpoint_defaults
+from dlm_backend.engine.params import DEFAULTS
+from dlm_backend.engine.sampling_defaults import checkpoint_defaults
 from dlm_backend.errors import SamplingParamsError
 
 
