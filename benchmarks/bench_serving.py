@@ -16,9 +16,9 @@ import json
 import time
 
 import httpx
+from loadgen import chat_once, launch  # benchmarks/loadgen.py, beside this script
 
 from dlm_backend.engine.checkpoint.folder import default_model
-from loadgen import chat_once, launch          # benchmarks/loadgen.py, beside this script
 
 PROMPTS = [
     "Who are you?", "What is 17 plus 25?", "Sort these numbers: 42, 7, 19, 88, 3",

@@ -35,14 +35,14 @@ from gpu_moe import ExpertCounter, drive, split_bytes  # noqa: E402
 from random_checkpoint import dgemma_config, random_model  # noqa: E402
 
 from dlm_backend.engine.engine_config import EngineConfig  # noqa: E402
+from dlm_backend.engine.forward.runner import ModelRunner  # noqa: E402
 from dlm_backend.engine.kernels import resolve_kernels  # noqa: E402
 from dlm_backend.engine.kv import KVPool, PageAllocator  # noqa: E402
 from dlm_backend.engine.kv.pool import page_size_for  # noqa: E402
 from dlm_backend.engine.models.diffusion_gemma import GemmaExperts, GemmaRouter  # noqa: E402
 from dlm_backend.engine.params import SamplingParams  # noqa: E402
-from dlm_backend.engine.forward.runner import ModelRunner  # noqa: E402
-from dlm_backend.engine.samplers import DiffusionGemmaSampler, TokenInfo  # noqa: E402
 from dlm_backend.engine.requests.uniform_sequence import UniformSequence  # noqa: E402
+from dlm_backend.engine.samplers import DiffusionGemmaSampler, TokenInfo  # noqa: E402
 
 
 def big_config() -> dict:

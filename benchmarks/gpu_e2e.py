@@ -23,15 +23,15 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dlm_backend.engine.engine_config import EngineConfig  # noqa: E402
-from dlm_backend.engine.kernels import resolve_kernels  # noqa: E402
-from dlm_backend.engine.models.llada import LLaDAModelLM  # noqa: E402
-from dlm_backend.engine.params import SamplingParams  # noqa: E402
 from dlm_backend.engine.forward.runner import ModelRunner  # noqa: E402
-from dlm_backend.engine.samplers import ThresholdSampler, TokenInfo  # noqa: E402
-from dlm_backend.engine.requests.canvas_sequence import CanvasSequence  # noqa: E402
-from dlm_backend.engine.requests.sequence import ScheduledBatch  # noqa: E402
+from dlm_backend.engine.kernels import resolve_kernels  # noqa: E402
 from dlm_backend.engine.kv import KVPool, PageAllocator  # noqa: E402
 from dlm_backend.engine.kv.pool import page_size_for  # noqa: E402
+from dlm_backend.engine.models.llada import LLaDAModelLM  # noqa: E402
+from dlm_backend.engine.params import SamplingParams  # noqa: E402
+from dlm_backend.engine.requests.canvas_sequence import CanvasSequence  # noqa: E402
+from dlm_backend.engine.requests.sequence import ScheduledBatch  # noqa: E402
+from dlm_backend.engine.samplers import ThresholdSampler, TokenInfo  # noqa: E402
 
 MASK_ID = 126336
 

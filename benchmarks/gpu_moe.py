@@ -27,15 +27,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from random_checkpoint import block_config, random_model  # noqa: E402
 
-from dlm_backend.engine.requests.block_sequence import BlockSequence  # noqa: E402
-from dlm_backend.engine.requests.sequence import ScheduledBatch  # noqa: E402
 from dlm_backend.engine.engine_config import EngineConfig  # noqa: E402
+from dlm_backend.engine.forward.runner import ModelRunner  # noqa: E402
 from dlm_backend.engine.kernels import resolve_kernels  # noqa: E402
 from dlm_backend.engine.kv import KVPool, PageAllocator  # noqa: E402
 from dlm_backend.engine.kv.pool import page_size_for  # noqa: E402
 from dlm_backend.engine.models.llada2 import LLaDA2MoeSparseMoeBlock  # noqa: E402
 from dlm_backend.engine.params import SamplingParams  # noqa: E402
-from dlm_backend.engine.forward.runner import ModelRunner  # noqa: E402
+from dlm_backend.engine.requests.block_sequence import BlockSequence  # noqa: E402
+from dlm_backend.engine.requests.sequence import ScheduledBatch  # noqa: E402
 from dlm_backend.engine.samplers import LLaDA2Sampler, TokenInfo  # noqa: E402
 
 

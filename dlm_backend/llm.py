@@ -11,8 +11,8 @@ from typing import AsyncIterator, Iterator
 from dlm_backend.chat.prompt import prompt_ids
 from dlm_backend.chat.tool_calls import normalize_tools
 from dlm_backend.engine import shared_engines as shared
-from dlm_backend.engine.engine_config import EngineConfig
 from dlm_backend.engine.checkpoint.folder import default_model
+from dlm_backend.engine.engine_config import EngineConfig
 from dlm_backend.engine.outputs import GenerationOutput, StreamChunk
 from dlm_backend.engine.params import SamplingParams
 from dlm_backend.engine.sampling_defaults import layered

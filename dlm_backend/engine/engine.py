@@ -9,22 +9,22 @@ from __future__ import annotations
 
 import time
 
-from dlm_backend.engine.requests import schedule_class
 from dlm_backend.engine.checkpoint.load import Checkpoint, open_checkpoint
 from dlm_backend.engine.engine_config import EngineConfig, EngineLimits
-from dlm_backend.engine.kv.sizing import make_pool
+from dlm_backend.engine.forward.runner import ModelRunner
+from dlm_backend.engine.forward.workers import start as start_workers
 from dlm_backend.engine.kernels import resolve_kernels
 from dlm_backend.engine.kv import PageAllocator
+from dlm_backend.engine.kv.sizing import make_pool
 from dlm_backend.engine.metrics import EngineStats
 from dlm_backend.engine.outputs import StreamChunk
 from dlm_backend.engine.params import SamplingParams
-from dlm_backend.engine.forward.workers import start as start_workers
-from dlm_backend.engine.forward.runner import ModelRunner
+from dlm_backend.engine.requests import schedule_class
+from dlm_backend.engine.requests.admission import admit, find_sampler
+from dlm_backend.engine.requests.sequence import ScheduledBatch, Sequence
 from dlm_backend.engine.samplers.base import Sampler
 from dlm_backend.engine.samplers.random import ReplayRandom
 from dlm_backend.engine.scheduler import Scheduler
-from dlm_backend.engine.requests.sequence import ScheduledBatch, Sequence
-from dlm_backend.engine.requests.admission import admit, find_sampler
 from dlm_backend.errors import ParallelWorkerError, QueueFullError, SamplingParamsError
 
 

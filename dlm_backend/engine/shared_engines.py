@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import threading
 
-from dlm_backend.engine.engine_config import EngineConfig
 from dlm_backend.engine.engine import LLMEngine
+from dlm_backend.engine.engine_config import EngineConfig
 from dlm_backend.engine.loop import EngineLoop
 
 _loops: dict[tuple, EngineLoop] = {}

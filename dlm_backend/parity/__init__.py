@@ -18,12 +18,11 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from dlm_backend.engine.engine_config import EngineConfig
 from dlm_backend.engine.engine import LLMEngine
+from dlm_backend.engine.engine_config import EngineConfig
 from dlm_backend.errors import CheckpointError, DLMError
 from dlm_backend.parity.cases import SAMPLERS, Run
 from dlm_backend.parity.forward import fixture_checks
-
 
 #: Why a fragile case's mismatch is reported and not failed (the fixture READMEs' "fragility flags").
 FRAGILE = ("fragile: the reference's own tokens change under 1e-4 of logit noise, so they are exact only "

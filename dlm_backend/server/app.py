@@ -21,12 +21,12 @@ from fastapi.responses import JSONResponse, Response
 from dlm_backend import chat
 from dlm_backend.engine.engine_config import check_dtype
 from dlm_backend.errors import DLMError
-from dlm_backend.server.settings import ServerConfig
 from dlm_backend.server.errors import error_response, install_handlers
 from dlm_backend.server.metrics import CONTENT_TYPE, make_registry, metrics_text
-from dlm_backend.server.protocol import ChatCompletionRequest, CompletionRequest
 from dlm_backend.server.model import ServedModel
+from dlm_backend.server.protocol import ChatCompletionRequest, CompletionRequest
 from dlm_backend.server.security import APIKeyMiddleware, BodyLimitMiddleware, HostCheckMiddleware
+from dlm_backend.server.settings import ServerConfig
 from dlm_backend.server.stream import ClosingStreamingResponse, chat_events, completion_events
 
 DISCONNECT_POLL_S = 0.25

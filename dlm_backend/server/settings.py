@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
-from dlm_backend.engine.engine_config import EngineLimits
 from dlm_backend.engine.checkpoint.folder import default_model
+from dlm_backend.engine.engine_config import EngineLimits
 from dlm_backend.engine.params import unknown_field
 
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1", "[::1]")

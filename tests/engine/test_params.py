@@ -1,6 +1,6 @@
 """Sampling parameters (engine/params.py): impossible values refused with a SamplingParamsError that
-says what to change. The checkpoint's own defaults: test_checkpoint_defaults.py; the checks against
-the model a request is for: test_validate.py."""
+says what to change. The checkpoint's own defaults: checkpoint/test_load.py; the checks against
+the model a request is for: requests/test_admission.py."""
 
 import pytest
 

@@ -6,15 +6,15 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from dlm_backend.engine.engine_config import EngineConfig
 from dlm_backend.engine.checkpoint.folder import read_config, resolve_checkpoint
+from dlm_backend.engine.checkpoint.tokenizer import Tokenizer
 from dlm_backend.engine.checkpoint.weights import load_model
+from dlm_backend.engine.engine_config import EngineConfig
 from dlm_backend.engine.models.base import DiffusionLM
 from dlm_backend.engine.models.config_reader import ConfigReader
-from dlm_backend.engine.sampling_defaults import checkpoint_defaults, layered
 from dlm_backend.engine.parallel.group import TPGroup, agree
 from dlm_backend.engine.samplers.base import TokenInfo
-from dlm_backend.engine.checkpoint.tokenizer import Tokenizer
+from dlm_backend.engine.sampling_defaults import checkpoint_defaults, layered
 from dlm_backend.errors import CheckpointError
 
 

@@ -12,11 +12,11 @@ from torch.overrides import TorchFunctionMode
 from tqdm.auto import tqdm
 
 from dlm_backend.engine.checkpoint.folder import safetensors_files
-from dlm_backend.engine.models.base import DiffusionLM
+from dlm_backend.engine.layers.parallel import Sharded
 from dlm_backend.engine.layers.routers import StackedExperts
+from dlm_backend.engine.models.base import DiffusionLM
 from dlm_backend.engine.models.registry import from_config_json, resolve_model_class
 from dlm_backend.engine.parallel.group import TPGroup, building
-from dlm_backend.engine.layers.parallel import Sharded
 from dlm_backend.errors import CheckpointError, DLMError
 
 #: Tensors some exports carry that no implementation needs: rotary tables recomputed at load, and

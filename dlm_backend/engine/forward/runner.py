@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import torch
 
+from dlm_backend.engine.forward.batch import ForwardBatch
 from dlm_backend.engine.forward.cuda_graphs import BlockGraphs
 from dlm_backend.engine.kv import KVPool
-from dlm_backend.engine.forward.batch import ForwardBatch
 from dlm_backend.engine.layers import ForwardContext, forward_context
 from dlm_backend.engine.models.base import DiffusionLM
+from dlm_backend.engine.requests.sequence import Pass, ScheduledBatch, Sequence
 from dlm_backend.engine.samplers.base import StepInput, TokenInfo
 from dlm_backend.engine.samplers.random import TorchRandom
-from dlm_backend.engine.requests.sequence import Pass, ScheduledBatch, Sequence
 from dlm_backend.errors import EngineError
 
 
@@ -74,7 +74,7 @@ class ModelRunner:
     def execute(self, batch: ForwardBatch):
         """Run one packed forward and its head on this rank: ``(logits [N, V] or None, UnmaskStats or
         None)`` for ``batch``'s head rows. Rank 0 of a tensor-parallel engine first sends the batch to
-        the workers, which run this same method on it (parallel/workers.py)."""
+        the workers, which run this same method on it (forward/workers.py)."""
         if self.workers is None:
             return self._execute(batch)
         self.workers.send(batch)

@@ -20,7 +20,6 @@ import torch
 
 from dlm_backend.engine.layers.attention import sdpa
 
-
 #: The widest head the paged kernel runs (its accumulator is [BLOCK_M, D] in registers); wider heads
 #: (DiffusionGemma's 512-wide full layers) and sliding windows take the torch path.
 KERNEL_HEAD_DIM = 256

@@ -36,13 +36,13 @@ from dlm_backend.engine.layers import attention
 from dlm_backend.engine.layers.attention import current_context
 from dlm_backend.engine.layers.mlp import GatedMLP
 from dlm_backend.engine.layers.moe import experts as run_experts
+from dlm_backend.engine.layers.parallel import ColumnLinear, RowLinear, Sharded, kv_linear
 from dlm_backend.engine.layers.rotary import apply_rotary
 from dlm_backend.engine.layers.routers import softmax_topk
 from dlm_backend.engine.models.base import DiffusionLM, ModelArgs
-from dlm_backend.engine.sampling_defaults import checkpoint_values
 from dlm_backend.engine.models.diffusion_gemma_config import GemmaArgs, read_config
 from dlm_backend.engine.parallel.group import build_group
-from dlm_backend.engine.layers.parallel import ColumnLinear, RowLinear, Sharded, kv_linear
+from dlm_backend.engine.sampling_defaults import checkpoint_values
 
 
 class GemmaRMSNorm(nn.Module):

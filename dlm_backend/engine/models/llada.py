@@ -10,8 +10,8 @@ import torch
 from torch import nn
 
 from dlm_backend.engine.layers import RMSNorm, attention, rotate_qk, swiglu
-from dlm_backend.engine.models.base import DiffusionLM, ModelArgs
 from dlm_backend.engine.layers.parallel import ColumnLinear, RowLinear, VocabEmbedding, VocabLinear, kv_linear
+from dlm_backend.engine.models.base import DiffusionLM, ModelArgs
 from dlm_backend.engine.models.config_reader import MAX_HEADS, MAX_LAYERS, MAX_POSITIONS, MAX_VOCAB, ConfigReader
 
 

@@ -16,9 +16,9 @@ from torch import nn
 
 from dlm_backend.engine.layers import RMSNorm, attention, rotate_qk
 from dlm_backend.engine.layers.mlp import GatedMLP
+from dlm_backend.engine.layers.parallel import ColumnLinear, RowLinear, VocabEmbedding, VocabLinear, kv_linear
 from dlm_backend.engine.layers.routers import StackedExperts, softmax_topk, stacked_expert_name
 from dlm_backend.engine.models.base import DiffusionLM, ModelArgs
-from dlm_backend.engine.layers.parallel import ColumnLinear, RowLinear, VocabEmbedding, VocabLinear, kv_linear
 from dlm_backend.engine.models.config_reader import MAX_HEADS, MAX_LAYERS, MAX_POSITIONS, MAX_VOCAB, ConfigReader
 from dlm_backend.errors import CheckpointError
 

@@ -15,9 +15,9 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from enum import Enum, auto
 
-from dlm_backend.engine.requests.detokenizer import Detokenizer
 from dlm_backend.engine.outputs import GenerationOutput, StreamChunk
 from dlm_backend.engine.params import SamplingParams
+from dlm_backend.engine.requests.detokenizer import Detokenizer
 from dlm_backend.engine.samplers.base import Sampler, TokenInfo
 
 

@@ -1,6 +1,6 @@
 """The greedy statistics of a vocabulary-parallel head (four numbers a row per rank, merged) equal
 one device's over the whole vocabulary: padded last shards, the excluded id on any rank, ties across
-ranks. The ranks are simulated in one process; the two-process path is in test_parallel.py."""
+ranks. The ranks are simulated in one process; the two-process path is in test_tensor_parallel.py."""
 
 import pytest
 import torch
