@@ -112,8 +112,8 @@ def cmd_serve(args) -> int:
 
     from dlm_backend.engine.forward.workers import worker_rank
     from dlm_backend.server import create_app
-    from dlm_backend.server.settings import LOOPBACK_NAMES
     from dlm_backend.server.connections import GuardedH11Protocol
+    from dlm_backend.server.settings import LOOPBACK_NAMES
 
     api_key = args.api_key or os.environ.get("DLM_API_KEY") or None
     loopback = args.host in LOOPBACK_NAMES

@@ -13,9 +13,9 @@ from typing import Any
 
 from dlm_backend.chat import Deadline
 from dlm_backend.engine.checkpoint.folder import EMBEDDED_MODEL, default_model, resolve_checkpoint
+from dlm_backend.engine.checkpoint.tokenizer import Tokenizer
 from dlm_backend.engine.params import (DEFAULTS, FRAMEWORK_NAMES, FRAMEWORK_TAKEN, KNOB_NAMES, KNOBS, knob_values,
                                        unknown_field)
-from dlm_backend.engine.checkpoint.tokenizer import Tokenizer
 from dlm_backend.errors import DLMError, TokenizerError
 from dlm_backend.llm import LLM
 from dlm_backend.plugins import registered_knobs

@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import Any, AsyncIterator, Iterator, Literal
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
+from langchain_core.exceptions import OutputParserException
 from langchain_core.language_models import BaseChatModel, LanguageModelInput
 from langchain_core.language_models.chat_models import LangSmithParams
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage, convert_to_openai_messages
 from langchain_core.messages.ai import UsageMetadata
-from langchain_core.exceptions import OutputParserException
 from langchain_core.output_parsers import JsonOutputKeyToolsParser, PydanticToolsParser
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 from langchain_core.runnables import Runnable, RunnableLambda, RunnableMap, RunnablePassthrough

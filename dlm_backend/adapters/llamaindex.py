@@ -15,9 +15,8 @@ import json
 from typing import Any, Callable, Sequence
 
 from llama_index.core.base.llms.types import (ChatMessage, ChatResponse, ChatResponseAsyncGen, ChatResponseGen,
-                                              CompletionResponse, CompletionResponseAsyncGen,
-                                              CompletionResponseGen, LLMMetadata, MessageRole, TextBlock,
-                                              ToolCallBlock)
+                                              CompletionResponse, CompletionResponseAsyncGen, CompletionResponseGen,
+                                              LLMMetadata, MessageRole, TextBlock, ToolCallBlock)
 from llama_index.core.bridge.pydantic import Field, PrivateAttr, create_model, model_validator
 from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
 from llama_index.core.llms.function_calling import FunctionCallingLLM
@@ -26,9 +25,9 @@ from llama_index.core.llms.llm import ToolSelection
 from dlm_backend import chat
 from dlm_backend.adapters.common import (KNOB_FIELDS, Handles, check_knob_values, constructor_args, display_name,
                                          knob_fields, model_tokenizer, off_loop)
+from dlm_backend.adapters.llamaindex_stream import Accumulator, overflow, partial_kwargs
 from dlm_backend.engine.checkpoint.folder import context_length, default_model
 from dlm_backend.engine.params import DEFAULTS, FRAMEWORK_TAKEN
-from dlm_backend.adapters.llamaindex_stream import Accumulator, overflow, partial_kwargs
 from dlm_backend.errors import ContextLengthError, DLMError
 
 #: Keyword arguments LlamaIndex passes besides knobs (chat_with_tools, structured_predict).

@@ -26,13 +26,13 @@ import uuid
 from dataclasses import dataclass
 from typing import Generator
 
+from dlm_backend.chat.json_writer import JsonWriter, Written
 from dlm_backend.chat.messages import ChatRequest, ChatResult
 from dlm_backend.chat.prompt import prompt_ids, prompt_limit
 from dlm_backend.chat.schema import Budget, validates
-from dlm_backend.chat.json_writer import JsonWriter, Written
 from dlm_backend.chat.structured import JsonPlan, check_fits, nearest, plan_json, templatable
-from dlm_backend.chat.tool_calls import (CLOSE, NAME_HEAD, NAME_SLOTS, OPEN, normalize_tools,
-                                         parse_tool_calls, tool_choice_name)
+from dlm_backend.chat.tool_calls import (CLOSE, NAME_HEAD, NAME_SLOTS, OPEN, normalize_tools, parse_tool_calls,
+                                         tool_choice_name)
 from dlm_backend.engine.outputs import GenerationOutput
 from dlm_backend.engine.params import SamplingParams
 

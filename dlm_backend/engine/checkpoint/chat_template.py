@@ -24,10 +24,10 @@ from jinja2.compiler import CodeGenerator
 from jinja2.runtime import LoopContext, Macro
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from dlm_backend.engine.checkpoint.template_limits import (BOUNDED_FILTERS, BUILTIN_TYPES, FILTERS, MAX_CHARS, MAX_DEPTH,
-                                                MAX_ITEMS, MAX_SHORT, as_text, bounded_join, bounded_str_method,
-                                                check_binop, check_format, check_size, method_allowed, take,
-                                                text_size, too_big)
+from dlm_backend.engine.checkpoint.template_limits import (BOUNDED_FILTERS, BUILTIN_TYPES, FILTERS, MAX_CHARS,
+                                                           MAX_DEPTH, MAX_ITEMS, MAX_SHORT, as_text, bounded_join,
+                                                           bounded_str_method, check_binop, check_format, check_size,
+                                                           method_allowed, take, text_size, too_big)
 from dlm_backend.errors import TokenizerError
 
 MAX_SECONDS = 2.0               # rendering one conversation (real templates take well under 10 ms)

@@ -1,8 +1,8 @@
-"""Find a checkpoint (local folder or hub id), read its config and load its safetensors weights.
+"""A checkpoint's folder: found locally or fetched from the hub, its config.json read and its
+safetensors files listed (checkpoint/weights.py fills the model from them).
 
-Only safetensors are ever read; pickle checkpoints (.bin/.pt/.pth) are refused, and no remote code
-is executed. The model is built on the meta device, so weights are materialised once, straight on
-the target device and dtype.
+Only safetensors are ever listed; a folder of pickle checkpoints (.bin/.pt/.pth) is refused, and no
+remote code is executed.
 """
 
 from __future__ import annotations

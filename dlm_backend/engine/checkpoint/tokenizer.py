@@ -9,7 +9,8 @@ import jinja2
 from tokenizers import Tokenizer as HFTokenizer
 
 from dlm_backend.engine.checkpoint.chat_template import BoundedSandbox
-from dlm_backend.engine.checkpoint.files import MAX_JSON_BYTES, MAX_TEMPLATE_BYTES, MAX_TOKENIZER_BYTES, read_checkpoint_file
+from dlm_backend.engine.checkpoint.files import (MAX_JSON_BYTES, MAX_TEMPLATE_BYTES, MAX_TOKENIZER_BYTES,
+                                                 read_checkpoint_file)
 from dlm_backend.errors import TokenizerError
 
 SPECIAL_KEYS = ("bos_token", "eos_token", "pad_token", "unk_token", "mask_token")

@@ -14,7 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dlm_backend.engine.models.base import ModelArgs
-from dlm_backend.engine.models.config_reader import MAX_HEADS, MAX_LAYERS, MAX_POSITIONS, MAX_VOCAB, MAX_WIDTH, ConfigReader
+from dlm_backend.engine.models.config_reader import (MAX_HEADS, MAX_LAYERS, MAX_POSITIONS, MAX_VOCAB, MAX_WIDTH,
+                                                     ConfigReader)
 from dlm_backend.errors import CheckpointError
 
 MAX_EXPERTS = 4096
