@@ -24,7 +24,7 @@ DREAM_ALGS = ("origin", "maskgit_plus", "topk_margin", "entropy")
 #: Temperatures (and ``alg_temp``) below this are greedy: dividing logits by 5e-324 overflows to NaN.
 GREEDY_BELOW = 1e-5
 MAX_STOP = 16                   # stop strings per request, each at most MAX_STOP_CHARS characters
-MAX_STOP_CHARS = 256
+MAX_STOP_CHARS = 256            # ... and any string knob (a cache_salt, say)
 MAX_LENGTH = 1 << 20            # max_tokens / block_length cap before the context check (allocation bound)
 MAX_DENOISING_STEPS = 4096      # a canvas's passes: the reference's default is 48
 
@@ -54,9 +54,11 @@ class Knob:
         """``value`` if it is allowed for field ``name``, else a SamplingParamsError naming the rule."""
         if value is None and self.nullable:
             return value
-        kinds = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+        kinds = {int: "an integer", float: "a number", bool: "true or false",
+                 str: f"a string of at most {MAX_STOP_CHARS} characters"}
         ok = isinstance(value, bool) if self.kind is bool else (
             isinstance(value, (int, float) if self.kind is float else self.kind) and not isinstance(value, bool))
+        ok = ok and (self.kind is not str or len(value) <= MAX_STOP_CHARS)    # every string a client sends is bounded
         if self.kind is list:
             ok = isinstance(value, list) and len(value) <= MAX_STOP and all(
                 isinstance(s, str) and 0 < len(s) <= MAX_STOP_CHARS if self.item is str else
@@ -131,6 +133,9 @@ class SamplingParams:
     ignore_eos: bool = knob(False, "keep going past the model's end tokens (stop_token_ids still stop)", bool)
     cache: str = knob("dual", "KV cache: none (reference-exact), prefix or dual", str, choices=CACHE_MODES,
                       checkpoint=True, framework="kv_cache")
+    cache_salt: str | None = knob(None, "prefix cache: prompt pages are shared only among requests with the same "
+                                  "salt (one per tenant keeps tenants apart; None: the shared cache)", str,
+                                  nullable=True)
     threshold: float = knob(0.9, "threshold rule: commit slots at least this confident", float, low=0, high=1,
                             low_open=True, checkpoint=True)
     factor: float = knob(1.0, "factor rule: larger commits more per pass", float, low=0, high=1000, low_open=True,

@@ -56,7 +56,7 @@ class BlockSequence(Sequence):
     def kv_positions(self) -> int:
         return self.length if self.paged else 0
 
-    def prefix_hashes(self, page_size: int) -> list[int]:
+    def prefix_hashes(self, page_size: int) -> list[bytes]:
         """Full prompt pages before the first decoded block (whose keys depend on nothing after
         them), when pages hold whole blocks; the block length is part of the name. A family that
         reads the first slot's token from the prompt's last position keeps that page its own, so
@@ -66,7 +66,8 @@ class BlockSequence(Sequence):
         first = (self.prompt_len // self.block_length) * self.block_length
         pages = (first - 1 if self.sampler.ar_first_token else first) // page_size
         # another block length is another attention mask, so other keys and values
-        return page_hashes(self.prompt_token_ids, page_size, max(pages, 0), seed=self.block_length)
+        return page_hashes(self.prompt_token_ids, page_size, max(pages, 0), seed=self.block_length,
+                           salt=self.params.cache_salt or "")
 
     def _sub_block(self) -> tuple[int, int]:
         """The current sub-block: the first ``sub_block`` slice of the block that has masks."""

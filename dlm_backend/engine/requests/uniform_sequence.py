@@ -56,7 +56,7 @@ class UniformSequence(Sequence):
     def kv_positions(self) -> int:
         return self.length
 
-    def prefix_hashes(self, page_size: int) -> list[int]:
+    def prefix_hashes(self, page_size: int) -> list[bytes]:
         """None are shared. The causal encoder's keys of a full prompt page depend on nothing after it,
         but a prompt encoded from a cached page on differs from one encoded whole in the last bits
         (1e-5 in the logits), and 48 self-conditioned steps turn that into other tokens: the same

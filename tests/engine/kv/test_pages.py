@@ -1,12 +1,15 @@
 """The paged KV cache (engine/kv/): pages owned and returned, prompt pages shared by hash (exactly),
 the pool sized by its memory budget. Admission by free pages: test_scheduler.py; a request larger
-than the whole cache: test_validate.py."""
+than the whole cache: requests/test_admission.py."""
+
+import shutil
 
 import pytest
 import torch
 from tests.helpers import FIXTURES
 
 from dlm_backend import LLM, SamplingParams
+from dlm_backend.errors import SamplingParamsError
 from dlm_backend.engine.kv import KVPool, PageAllocator, page_hashes
 
 SDAR = FIXTURES / "parity-block" / "sdar-tiny"
@@ -133,3 +136,48 @@ def test_layers_of_different_shapes_get_pages_of_their_own_size():
     assert pool.groups[0][0][2, 1, 0].eq(7.0).all()       # layer 3 is the sliding group's third layer
     per_page = KVPool.page_bytes(shapes, 16, torch.float32)
     assert per_page == 2 * 16 * 4 * (3 * 32 + 32) and pool.nbytes == 4 * per_page   # 3 pages + scratch
+
+
+#: Two 16-token pages whose Python tuple hashes are equal (found by a brute-force search of ~2.9e9
+#: candidates): a prefix cache that names pages by ``hash()`` maps one onto the other's keys.
+COLLIDING = ([37, 40, 32, 34, 46, 42, 38, 35, 32, 43, 44, 42, 47, 34, 35, 33],
+             [35, 38, 33, 34, 47, 41, 47, 39, 47, 33, 34, 35, 34, 39, 44, 37])
+
+
+def test_pages_whose_python_hashes_collide_get_different_names():
+    x, y = COLLIDING
+    assert hash(tuple(x)) == hash(tuple(y))                  # the pair still collides under hash()
+    assert page_hashes(x, 16, 1, seed=4) != page_hashes(y, 16, 1, seed=4)
+    assert page_hashes(x, 16, 1, salt="a") != page_hashes(x, 16, 1, salt="b")   # a salt keeps tenants apart
+
+
+def test_a_colliding_prompt_never_reads_the_other_prompts_cached_keys():
+    # SDAR pages hold 16 positions (blocks of 4): each prompt's first page is shared by name. With
+    # names from hash(), Y + tail was answered from X's keys; each must answer as it does alone.
+    x, y = COLLIDING
+    tail = [5, 6, 7]
+    params = SamplingParams(max_tokens=8, ignore_eos=True, cache="prefix")
+    with LLM(str(SDAR), dtype="float32", prefix_caching=False) as alone:
+        want = [alone.generate(prompt_token_ids=[p + tail], sampling_params=params)[0].token_ids for p in (x, y)]
+    with LLM(str(SDAR), dtype="float32") as shared:
+        alloc = shared.engine.allocator                      # an engine other tests may share: count from here
+        lookups, hits = alloc.lookups, alloc.hits
+        got = [shared.generate(prompt_token_ids=[p + tail], sampling_params=params)[0].token_ids for p in (x, y)]
+        assert (alloc.lookups - lookups, alloc.hits - hits) == (2, 0)
+    assert got == want and want[0] != want[1]
+
+
+def test_a_cache_salt_shares_prompt_pages_only_within_its_tenant(tmp_path):
+    prompt, tail = list(range(10, 42)), [5, 6, 7]                # two full 16-position pages, then the tail
+    with LLM(str(shutil.copytree(SDAR, tmp_path / "m")), dtype="float32") as llm:     # a cache of its own
+        alloc = llm.engine.allocator
+        counts = []
+        for salt in ("tenant-a", "tenant-b", "tenant-a", None):
+            lookups, hits = alloc.lookups, alloc.hits
+            params = SamplingParams(max_tokens=8, ignore_eos=True, cache="prefix", cache_salt=salt)
+            out = llm.generate(prompt_token_ids=[prompt + tail], sampling_params=params)[0]
+            counts.append((alloc.lookups - lookups, alloc.hits - hits, out.token_ids))
+    assert [c[:2] for c in counts] == [(2, 0), (2, 0), (2, 2), (2, 0)]  # b and the unsalted miss a's pages
+    assert len({tuple(c[2]) for c in counts}) == 1                     # a salt changes what is shared, not tokens
+    with pytest.raises(SamplingParamsError, match="cache_salt must be a string of at most 256"):
+        SamplingParams(cache_salt="x" * 257)
