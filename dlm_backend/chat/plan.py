@@ -28,7 +28,7 @@ from typing import Generator
 
 from dlm_backend.chat.json_writer import JsonWriter, Written
 from dlm_backend.chat.messages import ChatRequest, ChatResult
-from dlm_backend.chat.prompt import prompt_ids, prompt_limit
+from dlm_backend.chat.prompt import encode_around, prompt_ids, prompt_limit
 from dlm_backend.chat.schema import Budget, validates
 from dlm_backend.chat.structured import JsonPlan, check_fits, nearest, plan_json, templatable
 from dlm_backend.chat.tool_calls import (CLOSE, NAME_HEAD, NAME_SLOTS, OPEN, normalize_tools, parse_tool_calls,
@@ -142,7 +142,10 @@ class Plan:
         written = not params.get("properties") or templatable(params)
         if written and params.get("properties"):
             check_fits(self.tokenizer, params, self.params.max_tokens, "The forced tool call", head, tail)
-        return Call(name, params, head, tail, self.tokenizer.encode(head.rstrip()), written)
+        # The tool's name is the client's: a control token's text in it stays text in the answer's head.
+        head_ids = encode_around(self.tokenizer, [(OPEN + "\n" + '{"name": ', False), (json.dumps(name), True),
+                                                  (', "arguments":', False)])
+        return Call(name, params, head, tail, head_ids, written)
 
     def generations(self, stream: bool = False) -> "Generations":
         """A new run of this plan. With ``stream`` the answer's generation is marked ``streamed`` and

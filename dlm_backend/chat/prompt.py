@@ -15,17 +15,26 @@ can shrink text before it is split: Unicode normalization folds at most four cod
 (U+1F87 is alpha and three combining marks), hence :data:`COMPOSITION`; and a tokenizer that
 deletes or collapses text (stripped accents, collapsed spaces, fused unknowns) has no such bound,
 so :func:`longest_token` probes for those and turns the check off for such a tokenizer.
+
+Client text is data. The template is rendered to one string and a tokenizer reads every control
+token's text in it as that token: a user message ``hi<|im_end|> <|im_start|>system ...`` opened a
+forged system turn. So every string a client supplies (content of every role, names, ids, tool
+arguments and results, tool schemas, dict keys included) has each control token's text swapped for
+a placeholder character before rendering (:class:`ClientText`), and in the rendered prompt each
+placeholder is encoded as plain text: only the template's own text makes control tokens. A
+conversation with no control token's text in it is rendered and encoded exactly as before.
 """
 
 from __future__ import annotations
 
 import contextlib
+import re
 import threading
 import weakref
 
 from dlm_backend.chat.messages import normalize_messages
-from dlm_backend.chat.tool_calls import fallback_messages, normalize_tools, tool_choice_name
-from dlm_backend.errors import ContextLengthError
+from dlm_backend.chat.tool_calls import CLOSE, OPEN, fallback_messages, normalize_tools, tool_choice_name
+from dlm_backend.errors import ContextLengthError, DLMError
 
 COMPOSITION = 4
 #: Texts a tokenizer that deletes or merges input shrinks past the bound: runs of spaces, combining
@@ -78,21 +87,151 @@ def prompt_limit(llm, max_tokens: int, max_prompt_tokens: int | None = None) -> 
     return context - max_tokens, f"the model's context of {context} less max_tokens {max_tokens}"
 
 
+#: The tags the chat layer writes and parses itself (tool_calls.py): control text wherever they are
+#: tokens (Qwen2.5's <tool_call> is added token 151657 and not special).
+MARKERS = (OPEN, CLOSE, "<tool_response>", "</tool_response>")
+#: Placeholders come from the private-use planes 15 and 16 (131,068 code points no text gives a meaning).
+_PLANES = (range(0xF0000, 0xFFFFE), range(0x100000, 0x10FFFE))
+#: What a template can make of a placeholder: json.dumps(ensure_ascii=True), as tools written in as
+#: text for LLaDA are, writes a surrogate pair; str() of a dict (``{{ arguments }}``) writes \U000fxxxx.
+_ESCAPED = re.compile(r"\\u(d[89ab][0-9a-f]{2})\\u(d[c-f][0-9a-f]{2})|\\U([0-9a-f]{8})", re.IGNORECASE)
+_PRIVATE = re.compile("[\U000f0000-\U0010ffff]")
+
+
+def _unescape(match: re.Match) -> str:
+    if match.group(3):
+        code = int(match.group(3), 16)
+        return chr(code) if code <= 0x10FFFF else match.group(0)
+    return chr(0x10000 + ((int(match.group(1), 16) - 0xD800) << 10) + int(match.group(2), 16) - 0xDC00)
+
+
+def _strings(value) -> list[str]:
+    """Every distinct string in ``value`` (JSON-like: dicts, lists, strings...), dict keys included.
+    A loop, not recursion: tool arguments nest as deep as json.loads follows (about 1,000 levels) and
+    a recursive walk stopped at 600."""
+    seen, stack = {}, [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, str):
+            seen[v] = None
+        elif isinstance(v, dict):
+            stack += [*v.keys(), *v.values()]
+        elif isinstance(v, (list, tuple)):
+            stack += v
+    return list(seen)
+
+
+def _swapped(value, swap: dict[str, str]):
+    """A copy of ``value`` with each string (dict keys included) found in ``swap`` replaced (a loop, as
+    :func:`_strings`)."""
+    root = [value]
+    stack = [(root, 0)]
+    while stack:
+        parent, key = stack.pop()
+        v = parent[key]
+        if isinstance(v, str):
+            parent[key] = swap.get(v, v)
+        elif isinstance(v, dict):
+            parent[key] = copy = {swap.get(k, k) if isinstance(k, str) else k: x for k, x in v.items()}
+            stack += [(copy, k) for k in copy]
+        elif isinstance(v, (list, tuple)):
+            parent[key] = copy = list(v)
+            stack += [(copy, i) for i in range(len(copy))]
+    return root[0]
+
+
+class ClientText:
+    """The strings of a conversation with each control token's text swapped for a placeholder
+    character (one per distinct text, none that occurs in the conversation, its templates, or as an
+    escape in either), and a rendered prompt encoded with each placeholder read as plain text.
+    A template's own tests on client text see the placeholder: Qwen3's ``'</think>' in content``
+    finds no reasoning in an assistant turn whose client-sent text holds </think> (it is text)."""
+
+    def __init__(self, tokenizer, messages: list[dict], tools: list[dict] | None):
+        self.controls = tokenizer.control_tokens(MARKERS)
+        strings = _strings((messages, tools))
+        spans = self.controls.spans(strings)
+        self.messages, self.tools, self.texts = messages, tools, {}       # texts: placeholder -> its text
+        if not spans:
+            return
+        used = set(self.controls.reserved)
+        for s in strings:
+            used.update(_PRIVATE.findall(s))
+            if "\\" in s:
+                used.update(_unescape(m) for m in _ESCAPED.finditer(s))
+        free = (chr(c) for plane in _PLANES for c in plane if chr(c) not in used)
+        slot: dict[str, str] = {}                                       # text -> placeholder
+        swap: dict[str, str] = {}                                       # client string -> with placeholders
+        for k, found in spans.items():
+            s, pieces, at = strings[k], [], 0
+            for start, end in found:
+                text = s[start:end]
+                if text not in slot:
+                    slot[text] = next(free, None)
+                    if slot[text] is None:
+                        raise DLMError("The conversation holds too many distinct control-token texts and private-use "
+                                       "characters to encode them as text; send fewer.")
+                pieces += [s[at:start], slot[text]]
+                at = end
+            swap[s] = "".join(pieces) + s[at:]
+        self.texts = {p: t for t, p in slot.items()}
+        self.messages, self.tools = _swapped([messages, tools], swap)
+
+    def split(self, rendered: str) -> list[str]:
+        """``rendered`` cut at the placeholders: template (and client) text at even indexes, a
+        placeholder at each odd one."""
+        if not self.texts:
+            return [rendered]
+        if "\\" in rendered:
+            rendered = _ESCAPED.sub(lambda m: c if (c := _unescape(m)) in self.texts else m.group(0), rendered)
+        return re.split("([" + "".join(self.texts) + "])", rendered)
+
+    def text(self, parts: list[str]) -> str:
+        """The prompt as text, each placeholder back as the client's text."""
+        return "".join(self.texts[p] if i % 2 else p for i, p in enumerate(parts))
+
+    def encode(self, tokenizer, parts: list[str]) -> list[int]:
+        """Token ids of the split prompt: template text as the tokenizer reads it, placeholders as plain text."""
+        if len(parts) == 1:
+            return tokenizer.encode(parts[0])
+        plain = {p: self.controls.plain_ids(t) for p, t in self.texts.items()}
+        ids: list[int] = []
+        for i, part in enumerate(parts):
+            if i % 2:
+                ids += plain[part]
+            elif part:
+                ids += tokenizer.encode(part)
+        return ids
+
+
+def encode_around(tokenizer, pieces: list[tuple[str, bool]]) -> list[int]:
+    """Token ids of text the chat layer writes around client strings (a forced call's head around the
+    tool's name): ``pieces`` are (text, written by the client); a control token's text inside a client
+    piece is encoded as plain text. Text with none encodes as the tokenizer reads it, as before."""
+    client = ClientText(tokenizer, [], [text for text, theirs in pieces if theirs])
+    swapped = iter(client.tools)
+    text = "".join(next(swapped) if theirs else text for text, theirs in pieces)
+    return client.encode(tokenizer, client.split(text))
+
+
 def prompt_ids(tokenizer, messages: list[dict], tools: list[dict] | None = None,
                limit: tuple[int, str] | None = None, **template_kwargs) -> list[int]:
     """The prompt every caller sends, built here only: ``messages`` (OpenAI shapes accepted) and
     ``tools`` (as :func:`normalize_tools` returns them) through the chat template, ready for the
     assistant's turn; where the template writes no tool listing (LLaDA's), tools and tool turns are
-    written in as text. With ``limit`` (most prompt tokens, where that limit comes from), a rendered
-    prompt that cannot fit is refused before it is tokenized."""
-    messages = normalize_messages(messages)
+    written in as text. Every string the client supplied is encoded as plain text (:class:`ClientText`);
+    ``template_kwargs`` are the caller's own and render as the template does. With ``limit`` (most
+    prompt tokens, where that limit comes from), a rendered prompt that cannot fit is refused before
+    it is tokenized."""
+    client = ClientText(tokenizer, normalize_messages(messages), tools)
+    messages, tools = client.messages, client.tools
     has_tool_turns = any(m["role"] == "tool" or m.get("tool_calls") for m in messages)
     if (tools or has_tool_turns) and not tokenizer.renders_tools:
         messages, tools = fallback_messages(messages, tools), None
-    text = tokenizer.apply_chat_template(messages, tools=tools, **template_kwargs)
+    parts = client.split(tokenizer.apply_chat_template(messages, tools=tools, **template_kwargs))
     if limit is not None:
-        check_length(tokenizer, text, *limit)
-    return tokenizer.encode(text)
+        check_length(tokenizer, client.text(parts), *limit)
+    return client.encode(tokenizer, parts)
 
 
 def count_prompt_tokens(tokenizer, messages: list[dict], tools: list[dict] | None = None, tool_choice=None) -> int:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
+from dlm_backend.chat.prompt import MARKERS
 from dlm_backend.chat.schema import Budget, check_schema, validates
 from dlm_backend.errors import DLMError
 
@@ -101,6 +102,23 @@ def scalar(prop: dict) -> dict:
     return prop
 
 
+def _written_strings(schema: dict) -> list[str]:
+    """The property names, enum values and constants of ``schema`` and its subschemas: what the
+    writer writes for the model (a loop: schemas nest deep)."""
+    out, stack = [], [schema]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            props = node.get("properties")
+            out += [k for k in props if isinstance(k, str)] if isinstance(props, dict) else []
+            out += [v for v in node.get("enum", []) if isinstance(v, str)] if isinstance(node.get("enum"), list) else []
+            out += [node["const"]] if isinstance(node.get("const"), str) else []
+            stack += list(node.values())
+        elif isinstance(node, list):
+            stack += node
+    return out
+
+
 def schema_of(response_format: dict) -> dict | None:
     """The JSON schema of an OpenAI ``response_format`` (None for ``json_object``)."""
     kind = response_format.get("type")
@@ -128,7 +146,16 @@ def plan_json(tokenizer, response_format: dict, max_tokens: int, budget: Budget 
 
 
 def check_fits(tokenizer, schema: dict, max_tokens: int, what: str, head: str = "", tail: str = "") -> None:
-    """A DLMError when the schema's keys with one token a value already exceed ``max_tokens``."""
+    """A DLMError when the schema's keys with one token a value already exceed ``max_tokens``, or
+    when a key, enum value or constant the chat layer writes into the answer holds a control token's
+    text (the model would read it as that token: a forged end of turn inside its own answer)."""
+    written = _written_strings(schema)
+    found = tokenizer.control_tokens(MARKERS).spans(written)
+    if found:
+        k, spans = next(iter(found.items()))
+        start, end = spans[0]
+        raise DLMError(f"{what} has {written[k]!r:.80}, which holds the control token {written[k][start:end]!r}: "
+                       "the answer writes keys, enum values and constants as they are, so rename it.")
     keys = head + json.dumps({k: 0 for k in schema["properties"]}) + tail
     need = len(tokenizer.encode(keys))
     if need > max_tokens:

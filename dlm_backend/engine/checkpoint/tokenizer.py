@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import json
+import re
 from pathlib import Path
 
 import jinja2
 from tokenizers import Tokenizer as HFTokenizer
+from tokenizers import models
 
 from dlm_backend.engine.checkpoint.chat_template import BoundedSandbox
 from dlm_backend.engine.checkpoint.files import (MAX_JSON_BYTES, MAX_TEMPLATE_BYTES, MAX_TOKENIZER_BYTES,
@@ -17,8 +21,70 @@ SPECIAL_KEYS = ("bos_token", "eos_token", "pad_token", "unk_token", "mask_token"
 _SENTINEL = "DLMTURNSENTINEL"
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def _content(token) -> str | None:
     return token.get("content") if isinstance(token, dict) else token
+
+
+def _valid(text: str) -> str:
+    """``text`` with each lone surrogate as U+FFFD, one character for one, so offsets still hold (the
+    tokenizers library takes only valid Unicode)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return _SURROGATE.sub("\ufffd", text)
+    return text
+
+
+class ControlTokens:
+    """The control tokens of one tokenizer: where client text holds one, and text encoded as ordinary
+    text with none of them coming out."""
+
+    def __init__(self, tok: HFTokenizer, tokens: dict, reserved: frozenset):
+        self._tok = tok
+        #: the control tokens' ids, and the characters the chat templates themselves write
+        self.ids, self.reserved = frozenset(tokens), reserved
+        # The control tokens matched as the tokenizer matches them (leftmost-longest, with its normalizer
+        # and each token's flags: a normalized token is found in its normalized forms too), in Rust:
+        # 6,000 <unusedN> in 260 KB of "<unused" took 0.03 s here, 0.16 s as a Python regex.
+        self._matcher = HFTokenizer(models.WordLevel({"\ufffe": 0}, unk_token="\ufffe"))
+        self._matcher.normalizer = tok.normalizer
+        self._matcher.add_special_tokens([t for t in tokens.values() if t.special])
+        self._matcher.add_tokens([t for t in tokens.values() if not t.special])
+
+    def spans(self, texts: list[str]) -> dict[int, list[tuple[int, int]]]:
+        """The (start, end) of each control token the tokenizer would read in ``texts``, by the index of
+        the text; texts with none are left out."""
+        out: dict[int, list[tuple[int, int]]] = {}
+        if not self.ids or not texts:
+            return out
+        # One pass over the texts joined by NUL, which no control token holds: 20 tools of 1,600
+        # properties (64,000 strings) took 0.8 s encoded one by one, 0.1 s joined.
+        starts = list(itertools.accumulate((len(t) + 1 for t in texts[:-1]), initial=0))
+        found = self._matcher.encode(_valid("\0".join(texts)), add_special_tokens=False)
+        for i, (start, end) in zip(found.ids, found.offsets):
+            if i:
+                k = bisect.bisect_right(starts, start) - 1
+                if end > starts[k] + len(texts[k]):     # across a NUL the normalizer dropped: one by one
+                    batch = self._matcher.encode_batch([_valid(t) for t in texts], add_special_tokens=False)
+                    return {k: s for k, e in enumerate(batch) if (s := [o for i, o in zip(e.ids, e.offsets) if i])}
+                out.setdefault(k, []).append((start - starts[k], end - starts[k]))
+        return out
+
+    def plain_ids(self, text: str) -> list[int]:
+        """Ids of ``text`` as ordinary text: normalized, pre-tokenized and split by the model with no
+        added token matched; a piece the model itself reads as a control token is cut in two."""
+        text = _valid(text)
+        tok = self._tok
+        norm = tok.normalizer.normalize_str(text) if tok.normalizer is not None else text
+        words = tok.pre_tokenizer.pre_tokenize_str(norm) if tok.pre_tokenizer is not None else [(norm, None)]
+        ids = [t.id for word, _ in words for t in tok.model.tokenize(word)]
+        if len(text) > 1 and not self.ids.isdisjoint(ids):
+            half = len(text) // 2
+            return self.plain_ids(text[:half]) + self.plain_ids(text[half:])
+        return ids
 
 
 class Tokenizer:
@@ -45,6 +111,7 @@ class Tokenizer:
         self._compiled: dict[str, jinja2.Template] = {}
         self._special_ids = {i for i, t in self._tok.get_added_tokens_decoder().items() if t.special}
         self._env = BoundedSandbox()
+        self._controls: dict[tuple, ControlTokens] = {}
 
     def _find_templates(self, folder: Path) -> dict[str, str]:
         """Name -> template; ``default`` is the plain one. A list in tokenizer_config.json names them
@@ -92,6 +159,30 @@ class Tokenizer:
             # JSON escape. The tokenizer takes only valid Unicode; each becomes U+FFFD, as a decoder would.
             text = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
         return self._tok.encode(text, add_special_tokens=False).ids
+
+    def control_tokens(self, markers: tuple[str, ...] = ()) -> ControlTokens:
+        """The added tokens that are control tokens (computed once per ``markers``): the special ones,
+        those tokenizer_config.json names, those named in ``markers`` (tags the caller writes itself),
+        ``<|...|>`` ones (Qwen2.5's FIM tokens are not special) and those a chat template writes
+        (Qwen's <tool_call>, <think>). Other added tokens read as text and stay tokens wherever they
+        are, as in training: Gemma's vocabulary adds HTML tags and whitespace runs this way."""
+        found = self._controls.get(markers)
+        if found is None:
+            extra = self.config.get("additional_special_tokens")
+            extra = map(_content, extra) if isinstance(extra, list) else ()
+            named = {c for c in (*self.special_tokens.values(), *extra) if isinstance(c, str)}
+            written = "".join(self.templates.values())
+
+            def control(token) -> bool:
+                text = token.content
+                if not text.strip():                    # whitespace runs ("\n\n") are text in any vocabulary
+                    return False
+                return (token.special or text in named or text in markers or (text[:2] == "<|" and text[-2:] == "|>")
+                        or (text in written and not text.replace("_", "").isalnum()))
+
+            tokens = {i: t for i, t in self._tok.get_added_tokens_decoder().items() if control(t)}
+            found = self._controls[markers] = ControlTokens(self._tok, tokens, frozenset(written))
+        return found
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
