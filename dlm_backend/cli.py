@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 from dataclasses import fields
@@ -107,6 +108,29 @@ def cmd_chat(args) -> int:
         messages.append({"role": "assistant", "content": reply})
 
 
+def _secret(flag_value: str | None, file: str | None, env: str, flag: str) -> str | None:
+    """A key from ``--<flag>-file`` (its first line), else the ``--<flag>`` flag, else ``$<env>``; a
+    key given as a flag is visible to every user of the machine in ``ps``, so that warns."""
+    if file is not None:
+        if flag_value is not None:
+            raise DLMError(f"Give the key once: --{flag} or --{flag}-file, not both.")
+        try:
+            with open(file, encoding="utf-8") as f:
+                key = f.readline().strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise DLMError(f"--{flag}-file {file!r} cannot be read ({exc.strerror or exc}); give a readable "
+                           "file whose first line is the key.") from None
+        if not key:
+            raise DLMError(f"--{flag}-file {file!r} is empty; its first line must be the key.")
+        return key
+    if flag_value:
+        logging.getLogger("dlm_backend.server").warning(
+            "--%s puts the key on the command line, where every user of this machine can read it (ps, "
+            "/proc) and shell history keeps it; set $%s or use --%s-file instead.", flag, env, flag)
+        return flag_value
+    return os.environ.get(env) or None
+
+
 def cmd_serve(args) -> int:
     import uvicorn
 
@@ -115,21 +139,28 @@ def cmd_serve(args) -> int:
     from dlm_backend.server.connections import GuardedH11Protocol
     from dlm_backend.server.settings import LOOPBACK_NAMES
 
-    api_key = args.api_key or os.environ.get("DLM_API_KEY") or None
+    api_key = _secret(args.api_key, args.api_key_file, "DLM_API_KEY", "api-key")
+    metrics_key = _secret(None, args.metrics_key_file, "DLM_METRICS_KEY", "metrics-key")
     loopback = args.host in LOOPBACK_NAMES
-    if not loopback and not api_key and not args.allow_unauthenticated:
-        raise DLMError(f"Serving on {args.host} without an API key lets anyone who can reach this port use the "
-                       "model. Set --api-key (or DLM_API_KEY), or pass --allow-unauthenticated if that is intended.")
+    if not loopback and not api_key:
+        if not args.allow_unauthenticated:
+            raise DLMError(f"Serving on {args.host} without an API key lets anyone who can reach this port use "
+                           "the model. Set $DLM_API_KEY (or --api-key-file), or pass --allow-unauthenticated if "
+                           "that is intended.")
+        logging.getLogger("dlm_backend.server").warning(
+            "--allow-unauthenticated: serving on %s:%d without an API key; anyone who can reach this port can use "
+            "the model%s.", args.host, args.port, "" if metrics_key else " and read /metrics")
     limits = {f.name: getattr(args, f.name) for f in fields(EngineLimits) if getattr(args, f.name) is not None}
     config = ServerConfig(model=args.model, served_name=args.served_model_name, device=args.device,
-                          dtype=args.dtype, api_key=api_key, max_body_bytes=args.max_body_bytes,
-                          max_tokens_limit=args.max_tokens_limit, max_prompt_tokens=args.max_prompt_tokens,
-                          limits=limits, kv_cache_memory=args.kv_cache_memory, prefix_caching=args.prefix_caching,
+                          dtype=args.dtype, api_key=api_key, metrics_key=metrics_key,
+                          max_body_bytes=args.max_body_bytes, max_tokens_limit=args.max_tokens_limit,
+                          max_prompt_tokens=args.max_prompt_tokens, limits=limits,
+                          kv_cache_memory=args.kv_cache_memory, prefix_caching=args.prefix_caching,
                           tensor_parallel_size=args.tensor_parallel_size,
                           allowed_hosts=list(LOOPBACK_NAMES) if loopback and not api_key else None)
     app = create_app(config=config)
-    if not args.lazy or worker_rank():
-        app.state.llm()           # load before accepting connections; a torchrun worker rank serves (and exits) here
+    if not args.lazy or worker_rank():    # a torchrun worker rank serves (and exits) in start()
+        app.state.served.start()          # load before accepting connections; a DLMError says why it cannot
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", http=GuardedH11Protocol)
     return 0
 
@@ -192,18 +223,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--served-model-name", nargs="+", default=None,
                    help="name(s) requests may use for the model (default: its folder name); others get 404")
     p.add_argument("--lazy", action="store_true", help="load the model on the first request")
-    p.add_argument("--api-key", default=None, help="require this bearer key on every route but /health "
-                   "(default: $DLM_API_KEY; none = open, fine on 127.0.0.1)")
+    p.add_argument("--api-key", default=None, help="require this bearer key on every route but /health; "
+                   "visible in ps: prefer $DLM_API_KEY or --api-key-file (none = open, fine on 127.0.0.1)")
+    p.add_argument("--api-key-file", default=None, metavar="PATH", help="read the API key from this file's first line")
+    p.add_argument("--metrics-key-file", default=None, metavar="PATH",
+                   help="require this file's first line as the key of /metrics instead of the API key "
+                        "(default: $DLM_METRICS_KEY; its prefix cache counters show what prompts were sent)")
     p.add_argument("--allow-unauthenticated", action="store_true",
-                   help="serve on a non-loopback --host without an API key (refused otherwise)")
+                   help="serve on a non-loopback --host without an API key (refused otherwise; warns)")
     defaults = ServerConfig()
     p.add_argument("--max-body-bytes", type=int, default=defaults.max_body_bytes, help="larger request bodies get 413")
     p.add_argument("--max-tokens-limit", type=int, default=defaults.max_tokens_limit,
                    help="largest max_tokens a request may ask")
     p.add_argument("--max-prompt-tokens", type=int, default=None, help="longest prompt (default: the context)")
     p.add_argument("--kv-cache-memory", type=int, default=None, metavar="BYTES",
-                   help=f"KV cache shared by all requests (default: {GPU_KV_FRACTION * 100:.0f}%% of the GPU memory left "
-                        f"after the weights, {CPU_KV_BYTES / 2**30:g} GiB on CPU); requests wait for free pages")
+                   help=f"KV cache shared by all requests (default: {GPU_KV_FRACTION * 100:.0f}%% of the GPU memory "
+                        f"left after the weights, {CPU_KV_BYTES / 2**30:g} GiB on CPU); requests wait for free pages")
     p.add_argument("--prefix-caching", action=argparse.BooleanOptionalAction, default=None,
                    help="share the keys and values of identical prompt prefixes (default: on)")
     for f in fields(EngineLimits):          # the engine's limits, with their defaults, stated once there

@@ -74,3 +74,55 @@ def test_every_knob_is_a_flag_and_the_server_limits_come_from_the_engine():
     bad = dlm("generate", "hi", "--thresold", "0.5")
     assert bad.returncode == 2 and "--threshold" in bad.stderr          # argparse names the near flag
     assert dlm("generate", "hi", "--cache", "paged").returncode == 2
+
+
+def test_serve_with_a_kv_cache_under_the_minimum_is_one_error_line(tmp_path):
+    """`dlm serve --kv-cache-memory 786432` ended in a traceback (the load failed as a 503 meant for a
+    request); a folder that is no checkpoint too."""
+    for args in (("--kv-cache-memory", "786432"), ("--lazy", "--kv-cache-memory", "786432"), (str(tmp_path),)):
+        result = dlm("serve", *args, "--port", "1")
+        assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+        assert result.stderr.startswith("error: ") and len(result.stderr.strip().splitlines()) == 1
+        assert "--kv-cache-memory" in result.stderr or args == (str(tmp_path),)
+
+
+def _serve(argv, monkeypatch):
+    """``dlm serve ARGV`` up to the point it would start listening: its ServerConfig, or its exit status."""
+    import uvicorn
+
+    from dlm_backend.cli import main
+
+    started = []
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: started.append(app.state.config))
+    status = main(["serve", *argv])
+    return started[0] if started else status
+
+
+def test_the_api_key_comes_from_the_environment_or_a_file_and_warns_on_the_command_line(
+        dream_chat, tmp_path, monkeypatch, caplog):
+    """`--api-key sk-...` shows in `ps` to every user of the machine: it still works, with a warning."""
+    monkeypatch.delenv("DLM_API_KEY", raising=False)
+    base = [str(dream_chat), "--lazy"]
+    assert _serve([*base, "--api-key", "sk-flag"], monkeypatch).api_key == "sk-flag"
+    assert "--api-key puts the key on the command line" in caplog.text and "DLM_API_KEY" in caplog.text
+    caplog.clear()
+    (tmp_path / "key").write_text("sk-file\n")
+    (tmp_path / "metrics").write_text("sk-scraper\n")
+    config = _serve([*base, "--api-key-file", str(tmp_path / "key"), "--metrics-key-file", str(tmp_path / "metrics")],
+                    monkeypatch)
+    assert (config.api_key, config.metrics_key) == ("sk-file", "sk-scraper")
+    monkeypatch.setenv("DLM_API_KEY", "sk-env")
+    monkeypatch.setenv("DLM_METRICS_KEY", "sk-env-scraper")
+    config = _serve(base, monkeypatch)
+    assert (config.api_key, config.metrics_key, caplog.text) == ("sk-env", "sk-env-scraper", "")
+    assert _serve([*base, "--api-key", "a", "--api-key-file", str(tmp_path / "key")], monkeypatch) == 2
+    assert _serve([*base, "--api-key-file", str(tmp_path / "missing")], monkeypatch) == 2
+    (tmp_path / "empty").write_text("\n")
+    assert _serve([*base, "--api-key-file", str(tmp_path / "empty")], monkeypatch) == 2
+
+
+def test_serving_unauthenticated_beyond_loopback_warns(dream_chat, monkeypatch, caplog):
+    monkeypatch.delenv("DLM_API_KEY", raising=False)
+    config = _serve([str(dream_chat), "--lazy", "--host", "0.0.0.0", "--allow-unauthenticated"], monkeypatch)
+    assert config.api_key is None and config.allowed_hosts is None
+    assert "without an API key; anyone who can reach this port can use the model" in caplog.text

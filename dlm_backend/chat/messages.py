@@ -39,7 +39,7 @@ def normalize_messages(messages: list[dict]) -> list[dict]:
     if not messages:
         raise DLMError("messages is empty: send at least one message.")
     out = []
-    for m in messages:
+    for i, m in enumerate(messages):
         if not isinstance(m, dict):
             raise DLMError(f"Each message must be an object with a role and content, got {type(m).__name__}.")
         role = m.get("role")
@@ -50,17 +50,14 @@ def normalize_messages(messages: list[dict]) -> list[dict]:
         msg = {"role": "tool" if role == "function" else role, "content": _text(m.get("content"))}
         if m.get("tool_calls"):
             calls = []
-            for call in m["tool_calls"] if isinstance(m["tool_calls"], list) else [None]:
+            for j, call in enumerate(m["tool_calls"] if isinstance(m["tool_calls"], list) else [None]):
                 fn = call.get("function", call) if isinstance(call, dict) else None
                 if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
                     raise DLMError("Each of an assistant message's tool_calls needs "
                                    "{'function': {'name': ..., 'arguments': ...}}; got " f"{call!r:.200}.")
                 args = fn.get("arguments", {})
                 if isinstance(args, str):
-                    try:
-                        args = json.loads(args) if args.strip() else {}
-                    except ValueError as exc:
-                        raise DLMError(f"Tool call arguments for {fn.get('name')!r} are not valid JSON: {exc}.") from exc
+                    args = _arguments(args, fn["name"], f"messages[{i}].tool_calls[{j}].function.arguments")
                 calls.append({"id": call.get("id"), "type": "function",
                               "function": {"name": fn["name"], "arguments": args}})
             msg["tool_calls"] = calls
@@ -70,6 +67,19 @@ def normalize_messages(messages: list[dict]) -> list[dict]:
             msg["name"] = m["name"]
         out.append(msg)
     return out
+
+
+def _arguments(text: str, name: str, param: str):
+    """A tool call's JSON arguments text, parsed; a DLMError naming ``param`` if it is not JSON or is
+    nested past what the parser follows (json's recursion limit, about 1000 levels: '[' * 5000 was a
+    RecursionError, a 500)."""
+    try:
+        return json.loads(text) if text.strip() else {}
+    except RecursionError:
+        raise DLMError(f"Tool call arguments for {name!r} are nested too deeply to parse (the JSON parser stops "
+                       "near 1000 levels); send arguments nested less deeply.", param=param) from None
+    except ValueError as exc:
+        raise DLMError(f"Tool call arguments for {name!r} are not valid JSON: {exc}.", param=param) from exc
 
 
 #: The fields of a chat call the chat layer reads besides its messages and knobs (OpenAI's names).

@@ -8,6 +8,7 @@ request by one pass and returns a chunk for each request that committed output.
 from __future__ import annotations
 
 import time
+from typing import Callable
 
 from dlm_backend.engine.checkpoint.load import Checkpoint, open_checkpoint
 from dlm_backend.engine.engine_config import EngineConfig, EngineLimits
@@ -24,7 +25,7 @@ from dlm_backend.engine.requests.admission import admit, find_sampler
 from dlm_backend.engine.requests.sequence import ScheduledBatch, Sequence
 from dlm_backend.engine.samplers.base import Sampler
 from dlm_backend.engine.samplers.random import ReplayRandom
-from dlm_backend.engine.scheduler import Scheduler
+from dlm_backend.engine.scheduler import Scheduler, fifo_fit
 from dlm_backend.errors import ParallelWorkerError, QueueFullError, SamplingParamsError
 
 
@@ -35,6 +36,7 @@ class LLMEngine:
         from dlm_backend.plugins import registered_samplers
 
         self.config = config
+        self._holders: list[Callable[[], int]] = []      # front doors' places (add_holder)
         tp, self.workers = start_workers(config) if config.tensor_parallel_size > 1 else (None, None)
         try:
             self._build(config, tp, registered_samplers(), limits)
@@ -123,8 +125,9 @@ class LLMEngine:
             raise self.failure
         if self.is_full:
             self.stats.record_rejected()
-            raise QueueFullError(f"The engine's queue is full ({self.limits.max_waiting} requests waiting). "
-                                 "Retry shortly, or raise max_waiting.")
+            raise QueueFullError(f"The engine's queue is full ({self.num_queued} requests waiting for a sequence "
+                                 f"slot or KV pages; max_waiting is {self.limits.max_waiting}). Retry shortly, or "
+                                 "raise max_waiting or the KV cache (kv_cache_memory).")
         if draws is not None:
             seq.random = ReplayRandom(draws, self.device)
         self.scheduler.add(seq)
@@ -159,14 +162,50 @@ class LLMEngine:
         return self.scheduler.num_unfinished > 0
 
     @property
-    def is_full(self) -> bool:
-        """No room for another request: every slot taken and ``max_waiting`` already queued.
+    def num_queued(self) -> int:
+        """Waiting requests the next step cannot start, for want of a sequence slot or of their KV
+        pages: what ``max_waiting`` bounds (a request that can start at once is not queued)."""
+        return len(self.scheduler.waiting) - self.scheduler.startable()
 
-        Requests that arrived since the last step count against free slots first, so a burst into an
-        idle engine is never refused.
+    @property
+    def capacity(self) -> int:
+        """How many requests (running and waiting) the engine holds now before it refuses one: those
+        running, those the next step can start, and ``max_waiting`` more. While every waiting request
+        can start, each free sequence slot counts (a request not yet here needs pages nobody knows);
+        once one cannot, every request behind it waits too, so only those ahead of it count."""
+        running, waiting = len(self.scheduler.running), len(self.scheduler.waiting)
+        start = self.scheduler.startable()
+        free = max(0, self.limits.max_num_seqs - running) if start == waiting else start
+        return running + free + self.limits.max_waiting
+
+    @property
+    def is_full(self) -> bool:
+        """No room for another request: ``max_waiting`` requests already wait for a sequence slot or
+        for KV pages (requests that can start at the next step do not count, so a burst into an idle
+        engine is never refused while slots and pages last), and no front door holds a place unused.
+
+        With 85 KV pages and requests of 46, one runs and the rest wait whatever ``max_num_seqs``
+        says: counting free sequence slots instead let 15 wait under a ``max_waiting`` of 6.
         """
-        free_slots = max(0, self.limits.max_num_seqs - len(self.scheduler.running))
-        return len(self.scheduler.waiting) >= self.limits.max_waiting + free_slots
+        held = sum(count() for count in self._holders)
+        return self.num_queued >= self.limits.max_waiting and self.scheduler.num_unfinished >= held
+
+    def add_holder(self, held: Callable[[], int]) -> Callable[[], None]:
+        """Count a front door's places: ``held()`` is how many requests it has accepted and not
+        finished (a server's slots, taken before a request is planned and kept between its
+        generations). While the doors hold more places than the engine has requests, none is refused:
+        a request a door accepted never meets a full queue later, where a streamed one would fail
+        after its 200. The door bounds its places itself (:meth:`capacity`, :meth:`queue_fits`).
+        Returns the function that stops counting them."""
+        self._holders.append(held)
+        return lambda: self._holders.remove(held)
+
+    def queue_fits(self, demands: list[int]) -> bool:
+        """Whether requests needing ``demands`` KV pages each, in arrival order and alone on this
+        engine, leave at most ``max_waiting`` of them waiting: a front door's check of the requests
+        it holds (each one's pages are known once it is admitted) before it takes one more."""
+        started = fifo_fit(demands, self.limits.max_num_seqs, self.allocator.num_pages)
+        return len(demands) - started <= self.limits.max_waiting
 
     @property
     def num_waiting(self) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import deque
+from typing import Iterable
 
 from dlm_backend.engine.kv import PageAllocator
 from dlm_backend.engine.requests.sequence import ScheduledBatch, Sequence, Status
@@ -29,6 +30,15 @@ class Scheduler:
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
+
+    def startable(self) -> int:
+        """How many waiting requests the next :meth:`schedule` starts if nothing ends first: in order,
+        each needs a free sequence slot and the KV pages of its canvas. Prompt pages the prefix cache
+        would share are counted as needed too, so this errs toward fewer (at most by the requests
+        that only shared pages would let in)."""
+        alloc, waiting = self.allocator, tuple(self.waiting)   # a copy: a server thread reads this mid-step
+        demands = (alloc.pages_for(s.kv_positions) if alloc else 0 for s in waiting)
+        return fifo_fit(demands, self.limits.max_num_seqs - len(self.running), alloc.num_free if alloc else 0)
 
     def find(self, request_id: str) -> Sequence | None:
         return next((s for s in (*self.running, *self.waiting) if s.request_id == request_id), None)
@@ -93,3 +103,16 @@ class Scheduler:
                 self.allocator.release(seq.pages)
                 seq.pages = []
         return done
+
+
+def fifo_fit(demands: Iterable[int], slots: int, pages: int) -> int:
+    """How many of ``demands`` (KV pages per request, in queue order) start together within ``slots``
+    requests and ``pages`` free pages: admission is in order, so the first that does not fit holds
+    back every request behind it."""
+    n = 0
+    for need in demands:
+        if n >= slots or need > pages:
+            break
+        pages -= need
+        n += 1
+    return n

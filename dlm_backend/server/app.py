@@ -51,9 +51,9 @@ def create_app(model: str | None = None, served_name: str | None = None, device:
     app.state.config = cfg
     registry = make_registry(lambda: served.loaded.engine if served.loaded else None, slots=lambda: served.held)
     app.add_middleware(BodyLimitMiddleware, max_bytes=cfg.max_body_bytes)
-    if cfg.api_key:
-        app.add_middleware(APIKeyMiddleware, api_key=cfg.api_key)
-    elif cfg.allowed_hosts:
+    if cfg.api_key or cfg.metrics_key:
+        app.add_middleware(APIKeyMiddleware, api_key=cfg.api_key, metrics_key=cfg.metrics_key)
+    if not cfg.api_key and cfg.allowed_hosts:
         app.add_middleware(HostCheckMiddleware, allowed=cfg.allowed_hosts)
     install_handlers(app)
 
@@ -102,7 +102,7 @@ def create_app(model: str | None = None, served_name: str | None = None, device:
         # The slot is taken before anything is queued or a 200 goes out, and given back on leaving
         # this block unless a stream took it over (it gives it back when it closes).
         with served.reserve() as slot:
-            plan = await asyncio.to_thread(served.plan_chat, body, knobs)
+            plan = await asyncio.to_thread(served.plan_chat, slot, body, knobs)
             base = {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "created": int(time.time()),
                     "model": body.model or names[0]}
             if body.stream:
@@ -126,7 +126,7 @@ def create_app(model: str | None = None, served_name: str | None = None, device:
         if len(prompts) != 1:
             raise DLMError("Send one prompt per request (batch by sending concurrent requests).", param="prompt")
         with served.reserve() as slot:
-            ids, params = await asyncio.to_thread(served.prompt_ids, prompts[0], knobs)
+            ids, params = await asyncio.to_thread(served.prompt_ids, slot, prompts[0], knobs)
             base = {"id": f"cmpl-{uuid.uuid4().hex[:24]}", "created": int(time.time()),
                     "model": body.model or names[0]}
             if body.stream:

@@ -37,7 +37,10 @@ class EngineCollector:
         if self.slots is not None:
             yield gauge("dlm_server_slots_held", "Request slots the server holds (running, queued or streaming).",
                         self.slots())
-        yield gauge("dlm_queue_depth", "Requests waiting for a slot.", engine.num_waiting if engine else 0)
+        yield gauge("dlm_queue_depth", "Requests waiting to start (those the next step starts included).",
+                    engine.num_waiting if engine else 0)
+        yield gauge("dlm_queued_requests", "Waiting requests the next step cannot start, for want of a sequence slot "
+                    "or KV pages: what --max-waiting bounds.", engine.num_queued if engine else 0)
         yield gauge("dlm_running_requests", "Requests being denoised.", engine.num_running if engine else 0)
         yield gauge("dlm_forward_passes_per_second",
                     "Per-request forward passes per second over the last window (a batch of 8 counts 8).",

@@ -1,4 +1,5 @@
-"""ASGI middleware for the server's guards: API key on every route but ``/health``, body size limit.
+"""ASGI middleware for the server's guards: API key on every route but ``/health`` (a metrics key
+on ``/metrics`` when one is set), body size limit, Host check.
 
 Both run before FastAPI parses anything, so a wrong key or an oversized body costs no JSON decoding
 and never reaches the engine. Errors use the OpenAI error shape the routes use.
@@ -14,6 +15,7 @@ from starlette.exceptions import HTTPException
 from dlm_backend.server.errors import error_body
 
 OPEN_PATHS = frozenset({"/health"})
+METRICS_PATH = "/metrics"
 
 
 async def _send_error(send, status: int, message: str, headers: list | None = None) -> None:
@@ -25,21 +27,31 @@ async def _send_error(send, status: int, message: str, headers: list | None = No
 
 
 class APIKeyMiddleware:
-    """Require ``Authorization: Bearer <key>`` (or ``x-api-key``) when a key is configured."""
+    """Require ``Authorization: Bearer <key>`` (or ``x-api-key``): the API key on every route but
+    ``/health``, and on ``/metrics`` the metrics key when one is set (the API key does not open it
+    then: its prefix cache counters tell whether a prompt prefix was sent before, so they are for the
+    operator's scraper, not for clients). A route whose key is None is left to the Host check."""
 
-    def __init__(self, app, api_key: str):
-        self.app, self.api_key = app, api_key.encode()
+    def __init__(self, app, api_key: str | None, metrics_key: str | None = None):
+        self.app = app
+        self.api_key = api_key.encode() if api_key else None
+        self.metrics_key = metrics_key.encode() if metrics_key else None
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
+            return await self.app(scope, receive, send)
+        metrics = scope["path"] == METRICS_PATH and self.metrics_key is not None
+        key = self.metrics_key if metrics else self.api_key
+        if key is None:
             return await self.app(scope, receive, send)
         headers = dict(scope["headers"])
         given = headers.get(b"x-api-key", b"")
         auth = headers.get(b"authorization", b"")
         if auth[:7].lower() == b"bearer ":
             given = auth[7:].strip()
-        if not secrets.compare_digest(given, self.api_key):
-            return await _send_error(send, 401, "Missing or wrong API key. Send 'Authorization: Bearer <key>' "
+        if not secrets.compare_digest(given, key):
+            which = "metrics key ($DLM_METRICS_KEY)" if metrics else "API key"
+            return await _send_error(send, 401, f"Missing or wrong {which}. Send 'Authorization: Bearer <key>' "
                                      "with the key the server was started with.",
                                      [(b"www-authenticate", b"Bearer")])
         return await self.app(scope, receive, send)

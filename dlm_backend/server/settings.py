@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 
 from dlm_backend.engine.checkpoint.folder import default_model
-from dlm_backend.engine.engine_config import EngineLimits
+from dlm_backend.engine.engine_config import EngineConfig, EngineLimits
 from dlm_backend.engine.params import unknown_field
 
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1", "[::1]")
@@ -25,6 +25,9 @@ class ServerConfig:
     device: str | None = None
     dtype: str = "auto"                     # auto: bf16 on GPU, fp32 on CPU
     api_key: str | None = None              # required on every route but /health when set
+    #: required on /metrics instead of the API key when set: the prefix cache counters there tell a
+    #: reader whether a prompt prefix was sent before, so scrapers get a key clients do not
+    metrics_key: str | None = None
     max_body_bytes: int = 1 << 20           # 1 MiB: a long RAG prompt is ~100 KB
     max_tokens_limit: int = 4096            # largest max_tokens a request may ask for
     max_prompt_tokens: int | None = None    # default: the model's context minus max_tokens
@@ -44,6 +47,9 @@ class ServerConfig:
             if name not in names:
                 raise unknown_field(name, names, "server limit", kind="limits")
         EngineLimits(**{**vars(EngineLimits()), **{k: v for k, v in self.limits.items() if v is not None}})
+        # The engine's own checks of what this server builds it from (dtype, device, KV budget, devices).
+        EngineConfig(model=self.model or "", device=self.device, dtype=self.dtype, kv_cache_memory=self.kv_cache_memory,
+                     tensor_parallel_size=self.tensor_parallel_size or 1)
 
     @property
     def served_names(self) -> list[str]:

@@ -2,9 +2,12 @@
 pages, each step's batch within the token budget, rotating so no request starves, pages returned
 when a request ends."""
 
+import pytest
+
 from tests.helpers import FIXTURES
 
 from dlm_backend import LLM, SamplingParams
+from dlm_backend.errors import QueueFullError
 from dlm_backend.engine.requests.canvas_sequence import CanvasSequence
 from dlm_backend.engine.engine_config import EngineLimits
 from dlm_backend.engine.kv import PageAllocator
@@ -82,6 +85,48 @@ def test_admission_waits_for_free_pages_and_outputs_do_not_change():
         assert engine.num_running <= 1
         done.update({c.request_id: c.output.token_ids for c in engine.step() if c.finished})
     assert [done[i] for i in ids] == solo and engine.allocator.num_used == 0
+
+
+def test_startable_counts_in_order_by_sequence_slots_and_pages():
+    from dlm_backend.engine.scheduler import fifo_fit
+
+    assert fifo_fit([3, 3, 1], slots=3, pages=7) == 3
+    assert fifo_fit([3, 5, 1], slots=3, pages=7) == 1            # the first that does not fit holds back the rest
+    assert fifo_fit([0, 0, 0], slots=2, pages=0) == 2 and fifo_fit([], slots=2, pages=5) == 0
+    alloc = PageAllocator(num_pages=7, page_size=4)
+    sched = Scheduler(EngineLimits(max_num_seqs=3), logits_shift=0, allocator=alloc, prefix_caching=False)
+    for seq in (request(4, cache="dual"), request(4, cache="dual"), request(4, cache="dual")):   # 3 pages each
+        sched.add(seq)
+    assert sched.startable() == 2 and sched.schedule().seqs == list(sched.running) and len(sched.running) == 2
+    assert sched.startable() == 0                                 # 1 page left, 3 slots: pages decide
+
+
+def test_requests_waiting_for_kv_pages_count_against_max_waiting():
+    """85 KV pages and requests of 48: one runs whatever max_num_seqs says, so max_waiting bounds the
+    others. Counting free sequence slots as room let a server queue 15 under a max_waiting of 6."""
+    llm = LLM(str(SDAR), dtype="float32", kv_cache_memory=1 << 20, max_num_seqs=16, max_waiting=2)
+    engine = llm.engine
+    params = SamplingParams(sampler="sdar", max_tokens=700, block_length=64, steps=1, ignore_eos=True)   # 48 pages
+    prompts = [[5, 6, 7, 8, 9, 10, 11, i] for i in range(4)]
+    solo = [llm.generate(prompt_token_ids=[p], sampling_params=params)[0].token_ids for p in prompts[:3]]
+    ids = [engine.add_request(p, params).request_id for p in prompts[:3]]      # 1 can start, 2 wait for pages
+    rejected = engine.stats.rejected
+    with pytest.raises(QueueFullError, match="2 requests waiting for a sequence slot or KV pages"):
+        engine.add_request(prompts[3], params)
+    assert engine.stats.rejected == rejected + 1 and (engine.num_queued, engine.capacity) == (2, 3)
+    engine.step()
+    assert (engine.num_running, engine.num_waiting, engine.num_queued, engine.capacity) == (1, 2, 2, 3)
+    forget = engine.add_holder(lambda: 4)          # a front door that accepted a 4th request gets it queued
+    extra = engine.add_request(prompts[3], params).request_id
+    forget()
+    assert engine.is_full and engine.num_queued == 3
+    engine.abort(extra)
+    done = {}
+    while engine.has_unfinished:
+        assert engine.num_running <= 1
+        done.update({c.request_id: c.output.token_ids for c in engine.step() if c.finished})
+    assert [done[i] for i in ids] == solo and engine.capacity == 16 + 2       # idle: every slot counts again
+    llm.close()
 
 
 def test_the_scheduler_plans_each_request_once_and_planning_changes_nothing():

@@ -3,7 +3,9 @@
 Each known attack gets its own test (SSRF and file reads through ``$ref``, ReDoS, unbounded ``steps``,
 a 30,000-property schema, an unresolvable ``$ref``, references that resolve only from the root or
 cycle in place, a backtracking value pinned by ``enum``, 900 KB prompts, 20 tools of 1,600
-properties, a streaming burst past the queue, huge ``cfg_scale``, infinite floats), then a battery
+properties, a streaming burst past the queue, huge ``cfg_scale``, infinite floats, reading another
+client's cached prefixes off ``/metrics``, a burst larger than the KV cache, tool-call arguments
+nested 5,000 deep, a stop string of U+FFFD, a request larger than the KV cache), then a battery
 of generated requests, sent while bodies that never arrive hold connections open: every answer is
 a 2xx or an OpenAI-shaped 4xx, none carries a traceback (nor does the server's log), streamed
 requests refused before their stream leave no slot held, and ``/health`` answers within a second
@@ -29,10 +31,12 @@ pytest.importorskip("fastapi", reason="install the [server] extra")
 httpx = pytest.importorskip("httpx")
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from loadgen import free_port, launch  # noqa: E402  (benchmarks/loadgen.py)
+from loadgen import chat_once, free_port, launch  # noqa: E402  (benchmarks/loadgen.py)
+from tests.helpers import make_block_chat_checkpoint  # noqa: E402
 
 CHAT = "/v1/chat/completions"
 HI = [{"role": "user", "content": "hi"}]
+SCRAPER = {"Authorization": "Bearer sk-scraper"}          # the served process's metrics key
 
 
 class Watch:
@@ -65,8 +69,11 @@ class Watch:
 
 @pytest.fixture(scope="module")
 def served(dream_chat, tmp_path_factory):
-    log = tmp_path_factory.mktemp("hostile") / "serve.log"
-    with launch(str(dream_chat), "--max-num-seqs", "4", "--max-waiting", "4", log=str(log)) as url:
+    folder = tmp_path_factory.mktemp("hostile")
+    log, key = folder / "serve.log", folder / "metrics-key"
+    key.write_text("sk-scraper\n")
+    with launch(str(dream_chat), "--max-num-seqs", "4", "--max-waiting", "4", "--metrics-key-file", str(key),
+                log=str(log)) as url:
         yield url, log
 
 
@@ -256,6 +263,127 @@ def test_a_streaming_burst_past_the_queue_gets_429s_not_200s(server):
     assert all('"error"' not in text and text.rstrip().endswith("data: [DONE]") for text in ok)
 
 
+def test_metrics_are_the_scrapers_alone(server):
+    """/metrics was open to every client of a server without an API key, and its prefix cache counters
+    told whether another client's prompt prefix was cached (+46 hits for a known system prompt, +0 for
+    an unseen one); with a metrics key, only the scraper reads them."""
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"x-api-key": ""}):
+        assert_openai_error(httpx.get(server + "/metrics", headers=headers), 401)
+    assert "dlm_prefix_cache_hits_total" in httpx.get(server + "/metrics", headers=SCRAPER).text
+    assert chat(server).status_code == 200                          # the API itself stays open on loopback
+
+
+DEEP_ARGUMENTS = ["[" * 5000 + "]" * 5000, '{"a": ' * 3000 + "1" + "}" * 3000]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_deeply_nested_tool_call_arguments_are_400s(served, stream):
+    """10 KB of '[' * 5000 was a 500 (RecursionError) and a traceback in the server's log."""
+    server, log = served
+    for deep in DEEP_ARGUMENTS:
+        turns = [*HI, {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": deep}}]},
+                 {"role": "tool", "tool_call_id": "c1", "content": "ok"}]
+        assert_openai_error(chat(server, messages=turns, stream=stream),
+                            param="messages[1].tool_calls[0].function.arguments")
+    assert b"RecursionError" not in log.read_bytes()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_replacement_character_stop_is_matched_on_whole_characters(server, stream):
+    """A stop of "\ufffd" matched a character cut between two passes, which decodes to U+FFFD until its
+    last byte arrives ("café naïve 東京 😀 done" stopped at "café naïve "). The tiny model writes stray
+    bytes: each reply with the stop is the reply without it, up to its first real U+FFFD."""
+    async def replies():
+        async with httpx.AsyncClient(base_url=server, timeout=60) as client:
+            knobs = {"max_tokens": 32, "sampler": "llada", "block_length": 8, "ignore_eos": True, "temperature": 0}
+            return [(await chat_once(client, f"question {i}", False, **knobs),
+                     await chat_once(client, f"question {i}", stream, stop=["\ufffd"], **knobs)) for i in range(8)]
+    for full, cut in asyncio.run(replies()):
+        text = full.text[:full.text.find("\ufffd")] if "\ufffd" in full.text else full.text
+        assert (cut.status, cut.text, cut.finish_reason) == (200, text, "stop" if "\ufffd" in full.text
+                                                             else full.finish_reason)
+
+
+# -- a KV cache that holds one request at a time --------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def paged(tmp_path_factory):
+    """The issue's setup at a small scale: sdar-tiny with 1 MiB of KV pages (85); a request of 134
+    prompt + 600 new tokens takes 48 of them, so one runs though 16 may; 2 may wait."""
+    folder = make_block_chat_checkpoint(tmp_path_factory.mktemp("paged") / "sdar", "sdar")
+    with launch(str(folder), "--kv-cache-memory", "1048576", "--max-num-seqs", "16", "--max-waiting", "2",
+                "--max-tokens-limit", "1024", log=str(folder.parent / "serve.log")) as url:
+        yield url, folder.parent / "serve.log"
+
+
+def big(i: int, **extra) -> dict:
+    prompt = [10 + i] + [5 + j % 200 for j in range(133)]          # its own first page: nothing shared
+    return {"model": "m", "prompt": prompt, "max_tokens": 600, "sampler": "sdar", "block_length": 64, "steps": 32,
+            "ignore_eos": True, **extra}
+
+
+def gauge(metrics: str, name: str) -> float:
+    return float(next(line for line in metrics.splitlines() if line.startswith(name + " ")).split()[1])
+
+
+def test_back_pressure_follows_the_kv_pages(paged):
+    """8 requests at once (half streamed) and 2 clients hanging up after their first event: none was
+    refused and 15 waited under --max-waiting 6 at full scale. Now at most 2 wait for pages, the
+    rest are 429s before any 200, no stream fails, and every answer equals its solo run."""
+    url, log = paged
+    seen, stop = [], threading.Event()
+
+    def watch():                       # (running, waiting): 1 fits the pages, 2 may wait
+        with httpx.Client(base_url=url, timeout=5) as client:
+            while not stop.is_set():
+                metrics = client.get("/metrics").text
+                seen.append((gauge(metrics, "dlm_running_requests"), gauge(metrics, "dlm_queue_depth")))
+                stop.wait(0.02)
+
+    async def one(client, i):
+        stream = i % 2 == 1 or i >= 8
+        async with client.stream("POST", "/v1/completions", json=big(i, stream=stream)) as r:
+            body = ""
+            async for line in r.aiter_lines():
+                body += line + "\n"
+                if i >= 8 and line.startswith("data:"):
+                    break                                            # hangs up after its first event
+        if not stream and r.status_code == 200:
+            return r.status_code, json.loads(body)["choices"][0]["text"], r.headers.get("retry-after")
+        events = [json.loads(x[6:]) for x in body.splitlines() if x.startswith("data: {")]
+        assert not any("error" in e for e in events), body
+        return r.status_code, "".join(c["text"] for e in events for c in e["choices"]), r.headers.get("retry-after")
+
+    async def burst():
+        async with httpx.AsyncClient(base_url=url, timeout=120) as client:
+            return await asyncio.gather(*(one(client, i) for i in range(10)))
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        replies = asyncio.run(burst())
+    finally:
+        stop.set()
+        watcher.join()
+    assert max(r for r, _ in seen) <= 1 and max(r + w for r, w in seen) <= 3, seen
+    refused = [(status, retry) for status, _, retry in replies if status != 200]
+    assert len(refused) >= 3 and all(s == 429 and retry == "1" for s, retry in refused), replies
+    for i, (status, text, _) in enumerate(replies[:8]):
+        if status == 200:
+            assert text == httpx.post(url + "/v1/completions", json=big(i), timeout=120).json()["choices"][0]["text"]
+    assert gauge(httpx.get(url + "/metrics").text, "dlm_server_slots_held") == 0
+    assert b"Traceback" not in log.read_bytes()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_request_larger_than_the_kv_cache_names_the_flag(paged, stream):
+    r = httpx.post(paged[0] + "/v1/completions", json=big(0, prompt=[7] * 400, max_tokens=1000, stream=stream),
+                   timeout=60)
+    assert_openai_error(r)
+    assert "the whole cache holds 85" in r.text and "--kv-cache-memory" in r.json()["error"]["message"]
+
+
 def test_a_battery_of_hostile_requests(served):
     """190 generated requests: each a 2xx or an OpenAI-shaped 4xx, never a traceback; /health < 1 s;
     no slot left held; meanwhile 40 connections whose bodies never arrive stay open."""
@@ -277,7 +405,7 @@ def test_a_battery_of_hostile_requests(served):
                 assert set(r.json()["error"]) == {"message", "type", "param", "code"}, r.text
             statuses.append(r.status_code)
         after = client.post(CHAT, json={"model": "m", "messages": HI, "max_tokens": 8})
-        metrics = client.get("/metrics").text
+        metrics = client.get("/metrics", headers=SCRAPER).text
     for sock in stalled:
         sock.close()
     refused = sum(s >= 400 for s in statuses)
@@ -310,6 +438,9 @@ def _battery() -> list:
                     [{"role": "assistant", "content": "", "tool_calls": [{"function": {"arguments": "{}"}}]}],
                     [{"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f",
                                                                                        "arguments": "{oops"}}]}],
+                    *([{"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f",
+                                                                                         "arguments": deep}}]}]
+                      for deep in DEEP_ARGUMENTS),
                     "hi", None, [{"role": "user", "content": "x " * 5000}]]
     bodies += [{**base, "messages": m} for m in bad_messages]
     schemas = [{"$ref": "http://169.254.169.254/latest"}, {"$ref": "file:///etc/shadow"}, {"$ref": "#/nope"},
@@ -366,3 +497,19 @@ def _deep(n: int) -> dict:
     for _ in range(n):
         schema = {"type": "object", "properties": {"a": schema}}
     return schema
+
+
+def test_a_cache_salt_keeps_one_tenants_prompt_pages_from_anothers(paged):
+    """A prompt's pages are shared only under the same cache_salt: a second tenant sending the same
+    prompt neither reuses nor learns of the first's (its hit counter stays put)."""
+    url, _ = paged
+    prompt = [7] * 134                                              # 8 full pages of 16 (blocks of 4)
+    hits = []
+    for salt in ("tenant-a", "tenant-a", "tenant-b", None):
+        before = gauge(httpx.get(url + "/metrics").text, "dlm_prefix_cache_hits_total")
+        body = {"model": "m", "prompt": prompt, "max_tokens": 8, "sampler": "sdar", "ignore_eos": True,
+                **({"cache_salt": salt} if salt else {})}
+        assert httpx.post(url + "/v1/completions", json=body, timeout=120).status_code == 200
+        hits.append(gauge(httpx.get(url + "/metrics").text, "dlm_prefix_cache_hits_total") - before)
+    assert hits == [0, 8, 0, 0]
+    assert_openai_error(httpx.post(url + "/v1/completions", json={**body, "cache_salt": "x" * 257}), 400, "cache_salt")

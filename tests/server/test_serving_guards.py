@@ -114,6 +114,40 @@ def test_metrics_in_prometheus_format(guarded):
     assert sum(v for k, v in values.items() if k.startswith("dlm_requests_finished_total")) >= 2
 
 
+def test_a_metrics_key_keeps_the_prefix_cache_counters_from_clients(dream_chat):
+    """/metrics tells whether a prompt prefix is cached (a known system prompt: +46 hits, an unseen one
+    +0); with a metrics key only the scraper reads it, with or without an API key for the clients."""
+    from fastapi.testclient import TestClient
+
+    for api_key in (None, KEY):
+        cfg = ServerConfig(model=str(dream_chat), served_name="tiny", api_key=api_key, metrics_key="sk-scraper")
+        with TestClient(create_app(config=cfg), base_url="http://localhost") as client:
+            assert client.get("/metrics").status_code == 401
+            r = client.get("/metrics", headers=auth())                        # the clients' key does not open it
+            assert r.status_code == 401 and "metrics key" in r.json()["error"]["message"]
+            assert client.get("/metrics", headers=auth("sk-scraper")).status_code == 200
+            assert client.get("/v1/models", headers=auth("sk-scraper")).status_code == (401 if api_key else 200)
+            assert client.get("/v1/models", headers=auth() if api_key else {}).status_code == 200
+            assert client.get("/health").status_code == 200
+
+
+@pytest.mark.parametrize("arguments", ["[" * 5000 + "]" * 5000, '{"a": ' * 3000 + "1" + "}" * 3000])
+def test_deeply_nested_tool_call_arguments_are_a_400_naming_the_field(dream_chat, arguments):
+    """A 10 KB '[' * 5000 was a 500 (RecursionError) with a traceback in the log."""
+    from fastapi.testclient import TestClient
+
+    turns = [{"role": "user", "content": "hi"},
+             {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function",
+                                                                 "function": {"name": "f", "arguments": arguments}}]},
+             {"role": "tool", "tool_call_id": "c1", "content": "ok"}]
+    app = create_app(config=ServerConfig(model=str(dream_chat), served_name="tiny"))
+    with TestClient(app, base_url="http://localhost", raise_server_exceptions=False) as client:
+        for stream in (False, True):
+            r = client.post(CHAT, json={**body(), "messages": turns, "stream": stream})
+            assert r.status_code == 400 and "nested too deeply" in r.json()["error"]["message"], r.text
+            assert r.json()["error"]["param"] == "messages[1].tool_calls[0].function.arguments"
+
+
 # -- a deliberately slow engine: requests stay in flight long enough to queue, cancel and fail ---
 
 

@@ -17,8 +17,8 @@ def check_kv_budget(budget: int | None) -> None:
     """A DLMError for a KV budget (``kv_cache_memory``, bytes) that is not a whole number of at least
     :data:`MIN_KV_BYTES`; None (sized from the device) passes."""
     if budget is not None and (not isinstance(budget, int) or isinstance(budget, bool) or budget < MIN_KV_BYTES):
-        raise DLMError(f"kv_cache_memory must be a number of bytes of at least 1 MiB ({MIN_KV_BYTES}), "
-                       f"got {budget!r}.")
+        raise DLMError(f"kv_cache_memory (dlm serve --kv-cache-memory) must be a number of bytes of at least "
+                       f"1 MiB ({MIN_KV_BYTES}), got {budget!r}.")
 
 
 def kv_pages(budget: int | None, shapes, page_size: int, dtype: torch.dtype, device: torch.device) -> int:
@@ -32,8 +32,9 @@ def kv_pages(budget: int | None, shapes, page_size: int, dtype: torch.dtype, dev
 
 
 def make_pool(model, budget: int | None, dtype: torch.dtype, device: torch.device, tp=None) -> KVPool:
-    """The KV pool for ``model`` on ``device`` within ``budget`` bytes: every rank of a tensor-parallel engine takes the page
-    count the tightest rank can hold, since rank 0's page tables address every rank's pool."""
+    """The KV pool for ``model`` on ``device`` within ``budget`` bytes: every rank of a tensor-parallel
+    engine takes the page count the tightest rank can hold, since rank 0's page tables address every
+    rank's pool."""
     page_size = page_size_for(model.args.block_size)
     pages = kv_pages(budget, model.kv_shapes, page_size, dtype, device)
     if tp is not None:

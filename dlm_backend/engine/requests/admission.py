@@ -65,5 +65,6 @@ def admit(engine, prompt_token_ids: list[int], params: SamplingParams, request_i
     if pages > engine.allocator.num_pages:
         raise ContextLengthError(
             f"The request needs {pages} KV pages and the whole cache holds {engine.allocator.num_pages}. Lower "
-            "max_tokens or the prompt, or give the engine more kv_cache_memory.")
+            "max_tokens or the prompt, or give the engine a larger KV cache (kv_cache_memory; dlm serve "
+            "--kv-cache-memory).")
     return seq

@@ -58,6 +58,65 @@ def test_a_character_split_over_passes_streams_once_whole():
     assert detok.update(seq) == "€" and detok.text == "1 €"
 
 
+REPLY = "café naïve 東京 😀 done"                         # 2-, 3- and 4-byte characters, no U+FFFD
+
+
+@pytest.mark.parametrize("per_pass", [1, 2, 3, 5])
+def test_a_replacement_character_stop_is_not_matched_inside_a_half_decoded_character(per_pass):
+    """A stop of "\ufffd" ended this reply at its first multi-byte character cut between passes
+    (the issue saw "café naïve "): the cut character decodes to U+FFFD until its last byte arrives."""
+    seq, detok = Request(), Detokenizer(Bytes, ["\ufffd"], template_len=0)
+    data, streamed = REPLY.encode(), ""
+    for i in range(0, len(data), per_pass):
+        seq.committed_token_ids = seq.committed_token_ids + list(data[i:i + per_pass])
+        streamed += detok.update(seq)
+        seq.num_emitted = len(seq.committed_token_ids)
+        assert not seq.is_finished, (per_pass, streamed)
+    seq.finish("length")
+    streamed += detok.update(seq)
+    assert streamed == detok.text == REPLY and seq.finish_reason == "length"
+
+
+@pytest.mark.parametrize("final", [False, True])
+def test_a_real_replacement_character_still_matches_a_stop(final):
+    """Bytes that are no character at all (0xff) do decode to U+FFFD: a stop of it ends the reply
+    there, once the next token (or the end of the request) shows the character is not still coming."""
+    seq, detok = Request(), Detokenizer(Bytes, ["\ufffd"], template_len=0)
+    seq.committed_token_ids = [*b"ok ", 0xFF]
+    assert detok.update(seq) == "ok " and not seq.is_finished
+    seq.num_emitted = 4
+    if final:
+        seq.finish("length")
+    else:
+        seq.committed_token_ids = seq.committed_token_ids + list(b" more")
+    detok.update(seq)
+    assert (seq.finish_reason, detok.text, seq.output_end) == ("stop", "ok ", seq.prompt_len + 4)
+
+
+def test_a_stop_ending_in_a_multibyte_character_cuts_after_its_last_byte():
+    seq, detok = Request(), Detokenizer(Bytes, ["é"], template_len=0)
+    assert seq.commit(detok, "caf") == "caf"
+    assert seq.commit(detok, "é and more") == "" and seq.is_finished
+    assert detok.text == "caf" and seq.output_end == seq.prompt_len + len("café".encode())
+
+
+def test_a_real_tokenizer_cuts_no_character_for_a_replacement_stop(dream_chat):
+    """The same through the checkpoint's byte-level BPE, token by token (streamed) and all at once."""
+    llm_tok = LLM(str(dream_chat)).tokenizer
+    ids = llm_tok.encode(REPLY)
+    assert any("\ufffd" in llm_tok.decode(ids[:n]) for n in range(len(ids)))     # characters span tokens
+    for per_pass in (1, len(ids)):
+        seq, detok = Request(), Detokenizer(llm_tok, ["\ufffd"], template_len=0)
+        for i in range(0, len(ids), per_pass):
+            seq.committed_token_ids = ids[:i + per_pass]
+            detok.update(seq)
+            seq.num_emitted = len(seq.committed_token_ids)
+            assert not seq.is_finished, (per_pass, detok.text)
+        seq.finish("length")
+        detok.update(seq)
+        assert detok.text == REPLY and seq.finish_reason == "length"
+
+
 def test_stop_strings_count_only_past_the_response_template():
     seq, detok = Request(), Detokenizer(Bytes, ['"'], template_len=len('{"a": "'))
     assert seq.commit(detok, '{"a": "') == '{"a": "'           # the template's own quotes do not stop it
