@@ -44,6 +44,8 @@ def resolve_checkpoint(model: str | os.PathLike, revision: str | None = None,
             "Pass a model (a folder or hub id such as 'GSAI-ML/LLaDA-8B-Instruct'), set DLM_MODEL, or "
             f"build dlm-tiny with `dlm train` and copy its model/ folder to {EMBEDDED_MODEL}.")
     name = str(model)
+    if path.is_file() and path.suffix.lower() == ".gguf":
+        raise CheckpointError(_GGUF.format(what=f"{name!r} is a GGUF file"))
     if path.is_file():
         raise ModelNotFoundError(f"{name!r} is a file; pass the folder that holds it ({str(path.parent)!r}).")
     if path.exists() or name.startswith((".", "/", "~")) or name.count("/") > 1:
@@ -79,7 +81,19 @@ def _offline() -> bool:
 
 
 def read_config(folder: Path) -> dict:
+    """config.json (with generation_config.json under ``_generation_config``), refused with a
+    CheckpointError naming the format when the checkpoint is one this engine does not read yet."""
     config = read_json(folder, "config.json")
+    if config is None and any(folder.glob("*.gguf")):
+        raise CheckpointError(_GGUF.format(what=f"{folder} holds GGUF files and no config.json"))
+    quant = config.get("quantization_config") if isinstance(config, dict) else None
+    if quant is not None:
+        method = quant.get("quant_method", "unnamed") if isinstance(quant, dict) else quant
+        raise CheckpointError(
+            f"{folder}: config.json's quantization_config says the weights are quantized ({method!r}: "
+            f"{QUANTIZED.get(str(method), 'a quantized format')}). This engine reads full-precision "
+            "safetensors only so far, so those tensors would not load; use the model's bf16/fp16/fp32 "
+            "release.")
     if config is None:
         raise CheckpointError(f"{folder} has no config.json. Point at the folder that holds the "
                               "checkpoint's config.json and safetensors files.")
@@ -87,6 +101,14 @@ def read_config(folder: Path) -> dict:
     if generation is not None:
         config["_generation_config"] = generation
     return config
+
+
+#: quantization_config.quant_method values checkpoints publish, and what each one is.
+QUANTIZED = {"compressed-tensors": "compressed-tensors FP8/INT8 weights", "fp8": "block-wise FP8 weights",
+             "gptq": "GPTQ int4/int8 weights", "awq": "AWQ int4 weights", "bitsandbytes": "bitsandbytes 4/8-bit",
+             "mlx": "MLX quantized weights", "modelopt": "ModelOpt FP8/NVFP4 weights"}
+_GGUF = ("{what}: GGUF (llama.cpp's format) is not read by this engine yet. Use the model's safetensors "
+         "release (a folder with config.json and *.safetensors).")
 
 
 def read_json(folder: Path, name: str) -> dict | None:

@@ -230,3 +230,23 @@ def test_special_token_ids_outside_the_vocabulary_are_named_at_load(tmp_path):
     _edit_config(ckpt, mask_token_id=10**6)
     with pytest.raises(CheckpointError, match=r"mask_token_id must be an integer in \[0, 319\], got 1000000"):
         _engine(ckpt)
+
+
+@pytest.mark.parametrize("method, says", [("compressed-tensors", "compressed-tensors FP8/INT8"),
+                                          ("fp8", "block-wise FP8"), ("gptq", "GPTQ"), ("awq", "AWQ")])
+def test_a_quantized_checkpoint_is_refused_naming_its_format(tmp_path, method, says):
+    folder = shutil.copytree(PARITY / "llada-tiny", tmp_path / "q")
+    config = json.loads((folder / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": method, "bits": 4}
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match=f"quantized \\('{method}': {says}.*bf16/fp16/fp32 release"):
+        LLM(str(folder))
+
+
+def test_a_gguf_file_or_folder_is_refused_naming_the_format(tmp_path):
+    gguf = tmp_path / "dream-q4_k_m.gguf"
+    gguf.write_bytes(b"GGUF\x03\x00\x00\x00")
+    with pytest.raises(CheckpointError, match="is a GGUF file: GGUF \\(llama.cpp's format\\) is not read"):
+        LLM(str(gguf))
+    with pytest.raises(CheckpointError, match="holds GGUF files and no config.json"):
+        LLM(str(tmp_path))
