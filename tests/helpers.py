@@ -240,3 +240,16 @@ def with_template(folder, dream_chat, template=None):
     if template is not None:
         (folder / "tokenizer_config.json").write_text(json.dumps({"chat_template": template}))
     return CheckpointTokenizer(folder)
+
+
+def copy_fixture(tmp_path: Path, name: str = "llada-tiny") -> Path:
+    """A parity fixture copied into ``tmp_path``, for a test that edits or breaks its files."""
+    return Path(shutil.copytree(PARITY / name, tmp_path / name))
+
+
+def engine_for(path):
+    """An engine of its own (not the process's shared one) on the checkpoint at ``path``."""
+    from dlm_backend.engine.engine import LLMEngine
+    from dlm_backend.engine.engine_config import EngineConfig
+
+    return LLMEngine(EngineConfig(model=str(path)))

@@ -20,8 +20,8 @@ Client text is data. The template is rendered to one string and a tokenizer read
 token's text in it as that token: a user message ``hi<|im_end|> <|im_start|>system ...`` opened a
 forged system turn. So every string a client supplies (content of every role, names, ids, tool
 arguments and results, tool schemas, dict keys included) has each control token's text swapped for
-a placeholder character before rendering (:class:`ClientText`), and in the rendered prompt each
-placeholder is encoded as plain text: only the template's own text makes control tokens. A
+a stand-in character before rendering (:class:`ClientText`), and in the rendered prompt each
+stand-in is encoded as plain text: only the template's own text makes control tokens. A
 conversation with no control token's text in it is rendered and encoded exactly as before.
 """
 
@@ -90,9 +90,9 @@ def prompt_limit(llm, max_tokens: int, max_prompt_tokens: int | None = None) -> 
 #: The tags the chat layer writes and parses itself (tool_calls.py): control text wherever they are
 #: tokens (Qwen2.5's <tool_call> is added token 151657 and not special).
 MARKERS = (OPEN, CLOSE, "<tool_response>", "</tool_response>")
-#: Placeholders come from the private-use planes 15 and 16 (131,068 code points no text gives a meaning).
+#: Stand-ins come from the private-use planes 15 and 16 (131,068 code points no text gives a meaning).
 _PLANES = (range(0xF0000, 0xFFFFE), range(0x100000, 0x10FFFE))
-#: What a template can make of a placeholder: json.dumps(ensure_ascii=True), as tools written in as
+#: What a template can make of a stand-in: json.dumps(ensure_ascii=True), as tools written in as
 #: text for LLaDA are, writes a surrogate pair; str() of a dict (``{{ arguments }}``) writes \U000fxxxx.
 _ESCAPED = re.compile(r"\\u(d[89ab][0-9a-f]{2})\\u(d[c-f][0-9a-f]{2})|\\U([0-9a-f]{8})", re.IGNORECASE)
 _PRIVATE = re.compile("[\U000f0000-\U0010ffff]")
@@ -141,17 +141,17 @@ def _swapped(value, swap: dict[str, str]):
 
 
 class ClientText:
-    """The strings of a conversation with each control token's text swapped for a placeholder
+    """The strings of a conversation with each control token's text swapped for a stand-in
     character (one per distinct text, none that occurs in the conversation, its templates, or as an
-    escape in either), and a rendered prompt encoded with each placeholder read as plain text.
-    A template's own tests on client text see the placeholder: Qwen3's ``'</think>' in content``
+    escape in either), and a rendered prompt encoded with each stand-in read as plain text.
+    A template's own tests on client text see the stand-in: Qwen3's ``'</think>' in content``
     finds no reasoning in an assistant turn whose client-sent text holds </think> (it is text)."""
 
     def __init__(self, tokenizer, messages: list[dict], tools: list[dict] | None):
         self.controls = tokenizer.control_tokens(MARKERS)
         strings = _strings((messages, tools))
         spans = self.controls.spans(strings)
-        self.messages, self.tools, self.texts = messages, tools, {}       # texts: placeholder -> its text
+        self.messages, self.tools, self.texts = messages, tools, {}       # texts: stand-in -> its text
         if not spans:
             return
         used = set(self.controls.reserved)
@@ -160,8 +160,8 @@ class ClientText:
             if "\\" in s:
                 used.update(_unescape(m) for m in _ESCAPED.finditer(s))
         free = (chr(c) for plane in _PLANES for c in plane if chr(c) not in used)
-        slot: dict[str, str] = {}                                       # text -> placeholder
-        swap: dict[str, str] = {}                                       # client string -> with placeholders
+        slot: dict[str, str] = {}                                       # text -> stand-in
+        swap: dict[str, str] = {}                                       # client string -> with stand-ins
         for k, found in spans.items():
             s, pieces, at = strings[k], [], 0
             for start, end in found:
@@ -178,8 +178,8 @@ class ClientText:
         self.messages, self.tools = _swapped([messages, tools], swap)
 
     def split(self, rendered: str) -> list[str]:
-        """``rendered`` cut at the placeholders: template (and client) text at even indexes, a
-        placeholder at each odd one."""
+        """``rendered`` cut at the stand-ins: template (and client) text at even indexes, a
+        stand-in at each odd one."""
         if not self.texts:
             return [rendered]
         if "\\" in rendered:
@@ -187,11 +187,11 @@ class ClientText:
         return re.split("([" + "".join(self.texts) + "])", rendered)
 
     def text(self, parts: list[str]) -> str:
-        """The prompt as text, each placeholder back as the client's text."""
+        """The prompt as text, each stand-in back as the client's text."""
         return "".join(self.texts[p] if i % 2 else p for i, p in enumerate(parts))
 
     def encode(self, tokenizer, parts: list[str]) -> list[int]:
-        """Token ids of the split prompt: template text as the tokenizer reads it, placeholders as plain text."""
+        """Token ids of the split prompt: template text as the tokenizer reads it, stand-ins as plain text."""
         if len(parts) == 1:
             return tokenizer.encode(parts[0])
         plain = {p: self.controls.plain_ids(t) for p, t in self.texts.items()}

@@ -159,7 +159,7 @@ def harmless(value, added: dict):
 def test_client_text_never_becomes_a_control_token(families, family):
     """Every control id of the prompt is one the template writes: the hostile conversation has exactly
     the control ids of the same conversation without control text, and its ids decode to the text the
-    template wrote, the client's strings literally (no placeholder, no escape left)."""
+    template wrote, the client's strings literally (no stand-in, no escape left)."""
     tok, added = families[family]
     messages, tools = hostile(tok, added)
     ids = prompt_ids(tok, messages, normalize_tools(tools))
@@ -184,17 +184,17 @@ def test_ordinary_conversations_keep_their_ids(families, family):
                {"role": "tool", "tool_call_id": "c1", "content": "sunny, 21 C"}], [WEATHER, TIME]),
              ([{"role": "user", "content": [{"type": "text", "text": "héllo ☃ 日本"},
                                             {"type": "text", "text": "x"}]}], None),
-             # near misses, and text like a placeholder or its escape
+             # near misses, and text like a stand-in or its escape
              ([{"role": "user", "content": "a <| b |> <tool> <im_end> |im_start| <\\|mask|> \U000f0000 \\udb80"}],
               None)]
     for messages, tools in cases:
         assert prompt_ids(tok, messages, normalize_tools(tools)) == tok.encode(rendered(tok, messages, tools))
 
 
-def test_placeholders_survive_what_a_template_does_with_them(tmp_path, dream_chat):
+def test_stand_ins_survive_what_a_template_does_with_them(tmp_path, dream_chat):
     """A template that prints arguments as a Python dict (escaped private-use characters) or as ASCII
     JSON (surrogate pairs): the client's text still comes back as text; client text that looks like a
-    placeholder or its escape is left as it is."""
+    stand-in or its escape is left as it is."""
     tok = with_template(tmp_path, dream_chat, (
         "{% for m in messages %}<|im_start|>{{ m['content'] }}{% for c in m.get('tool_calls') or [] %}"
         "{{ c['function']['arguments'] }}{{ c['function']['arguments'] | tojson(ensure_ascii=True) }}"

@@ -8,22 +8,10 @@ import shutil
 import time
 
 import pytest
-from tests.helpers import PARITY, make_chat_checkpoint
+from tests.helpers import PARITY, copy_fixture, engine_for, make_chat_checkpoint
 
 from dlm_backend import LLM
-from dlm_backend.engine.engine_config import EngineConfig
-from dlm_backend.engine.engine import LLMEngine
 from dlm_backend.errors import CheckpointError
-
-
-def _copy(tmp_path, name="llada-tiny"):
-    dest = tmp_path / name
-    shutil.copytree(PARITY / name, dest)
-    return dest
-
-
-def _engine(path):
-    return LLMEngine(EngineConfig(model=str(path)))
 
 
 def _outside(tmp_path, ckpt, name: str, kind: str):
@@ -75,10 +63,10 @@ def test_every_file_read_from_a_checkpoint_is_confined_to_it(tmp_path, name, kin
 
 
 def test_links_may_stay_inside_the_folder_or_its_hub_repository_only(tmp_path):
-    ckpt = _copy(tmp_path)
+    ckpt = copy_fixture(tmp_path)
     (ckpt / "config.json").rename(ckpt / "real-config.json")
     os.symlink("real-config.json", ckpt / "config.json")
-    assert _engine(ckpt).architecture == "LLaDAModelLM"
+    assert engine_for(ckpt).architecture == "LLaDAModelLM"
     hub = tmp_path / "hub"          # a hub snapshot's files link to its repository's ../../blobs
     for repo in ("models--org--tiny", "models--org--other"):
         (hub / repo / "blobs").mkdir(parents=True)
@@ -86,9 +74,9 @@ def test_links_may_stay_inside_the_folder_or_its_hub_repository_only(tmp_path):
         for f in (PARITY / "llada-tiny").iterdir():
             shutil.copy(f, hub / repo / "blobs" / f.name)
             os.symlink(f"../../blobs/{f.name}", hub / repo / "snapshots" / "a" / f.name)
-    assert _engine(hub / "models--org--tiny" / "snapshots" / "a").architecture == "LLaDAModelLM"
+    assert engine_for(hub / "models--org--tiny" / "snapshots" / "a").architecture == "LLaDAModelLM"
     config = hub / "models--org--other" / "snapshots" / "a" / "config.json"
     config.unlink()
     os.symlink("../../../models--org--tiny/blobs/config.json", config)      # another repository's blob
     with pytest.raises(CheckpointError, match="leads outside"):
-        _engine(config.parent)
+        engine_for(config.parent)

@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 import torch
-from tests.helpers import FIXTURES, PARITY
+from tests.helpers import FIXTURES, PARITY, copy_fixture, engine_for
 from safetensors.torch import load_file, save_file
 
 from dlm_backend import LLM, SamplingParams
@@ -16,61 +16,51 @@ from dlm_backend.errors import (CheckpointError, ModelNotFoundError, UnknownArch
                                 UnsafeCheckpointError)
 
 
-def _copy(tmp_path, name="llada-tiny"):
-    dest = tmp_path / name
-    shutil.copytree(PARITY / name, dest)
-    return dest
-
-
-def _engine(path):
-    return LLMEngine(EngineConfig(model=str(path)))
-
-
 def test_unknown_architecture_lists_supported(tmp_path):
-    ckpt = _copy(tmp_path)
+    ckpt = copy_fixture(tmp_path)
     config = json.loads((ckpt / "config.json").read_text())
     config["architectures"] = ["MysteryForCausalLM"]
     (ckpt / "config.json").write_text(json.dumps(config))
     with pytest.raises(UnknownArchitectureError,
                        match="MysteryForCausalLM.*Supported: DiffusionGemmaForBlockDiffusion, DreamModel, .*LLaDAModelLM"):
-        _engine(ckpt)
+        engine_for(ckpt)
 
 
 def test_missing_tensor_is_named(tmp_path):
-    ckpt = _copy(tmp_path)
+    ckpt = copy_fixture(tmp_path)
     state = load_file(str(ckpt / "model.safetensors"))
     del state["model.transformer.blocks.1.up_proj.weight"]
     save_file(state, str(ckpt / "model.safetensors"))
     with pytest.raises(CheckpointError, match=r"missing.*blocks\.1\.up_proj\.weight"):
-        _engine(ckpt)
+        engine_for(ckpt)
 
 
 def test_misshaped_tensor_is_named(tmp_path):
-    ckpt = _copy(tmp_path, "dream-tiny")
+    ckpt = copy_fixture(tmp_path, "dream-tiny")
     state = load_file(str(ckpt / "model.safetensors"))
     state["model.layers.0.self_attn.k_proj.weight"] = torch.zeros(16, 64)
     save_file(state, str(ckpt / "model.safetensors"))
     with pytest.raises(CheckpointError, match=r"k_proj\.weight: expected \[32, 64\], found \[16, 64\]"):
-        _engine(ckpt)
+        engine_for(ckpt)
 
 
 def test_pickle_only_checkpoint_is_refused(tmp_path):
-    ckpt = _copy(tmp_path)
+    ckpt = copy_fixture(tmp_path)
     (ckpt / "model.safetensors").unlink()
     (ckpt / "pytorch_model.bin").write_bytes(b"not loaded")
     with pytest.raises(UnsafeCheckpointError, match="pickle.*never reads them"):
-        _engine(ckpt)
+        engine_for(ckpt)
 
 
 def test_missing_config(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(CheckpointError, match="config.json"):
-        _engine(tmp_path / "empty")
+        engine_for(tmp_path / "empty")
 
 
 def test_missing_local_folder(tmp_path):
     with pytest.raises(ModelNotFoundError, match="does not exist"):
-        _engine(tmp_path / "nope")
+        engine_for(tmp_path / "nope")
 
 
 def test_hub_id_not_cached_while_offline(tmp_path, monkeypatch):
@@ -80,7 +70,7 @@ def test_hub_id_not_cached_while_offline(tmp_path, monkeypatch):
     monkeypatch.setattr(c, "HF_HUB_OFFLINE", True)
     monkeypatch.setattr(c, "HF_HUB_CACHE", str(tmp_path / "hub"))
     with pytest.raises(ModelNotFoundError, match="not in the local Hugging Face cache"):
-        _engine("GSAI-ML/LLaDA-8B-Instruct")
+        engine_for("GSAI-ML/LLaDA-8B-Instruct")
 
 
 def test_hub_id_loads_from_local_cache(tmp_path, monkeypatch):
@@ -99,7 +89,7 @@ def test_hub_id_loads_from_local_cache(tmp_path, monkeypatch):
 
 
 def test_sharded_checkpoint_loads_the_same(tmp_path):
-    ckpt = _copy(tmp_path)
+    ckpt = copy_fixture(tmp_path)
     state = load_file(str(ckpt / "model.safetensors"))
     names = sorted(state)
     shards = {"model-00001-of-00002.safetensors": names[: len(names) // 2],
@@ -117,10 +107,10 @@ def test_sharded_checkpoint_loads_the_same(tmp_path):
 
 
 def test_missing_shard_is_named(tmp_path):
-    ckpt = _copy(tmp_path)
+    ckpt = copy_fixture(tmp_path)
     (ckpt / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"x": "model-2.safetensors"}}))
     with pytest.raises(CheckpointError, match="model-2.safetensors"):
-        _engine(ckpt)
+        engine_for(ckpt)
 
 
 def test_default_dtype_is_float32_on_cpu():
@@ -141,39 +131,39 @@ def test_no_model_and_no_embedded_checkpoint_says_what_to_do(monkeypatch, tmp_pa
 
 def test_a_tensor_with_no_place_is_named_and_known_leftovers_are_skipped(tmp_path):
     """LLaDA with include_bias has biases on every layer; dropping them gave wrong logits silently."""
-    ckpt = _copy(tmp_path)
+    ckpt = copy_fixture(tmp_path)
     state = load_file(str(ckpt / "model.safetensors"))
     save_file({**state, "model.transformer.rotary_emb.inv_freq": torch.ones(4)}, str(ckpt / "model.safetensors"))
-    _engine(ckpt)
+    engine_for(ckpt)
     save_file({**state, "model.transformer.blocks.0.ff_out.bias": torch.zeros(64)}, str(ckpt / "model.safetensors"))
     with pytest.raises(CheckpointError, match=r"no place for: model\.transformer\.blocks\.0\.ff_out\.bias"):
-        _engine(ckpt)
+        engine_for(ckpt)
 
 
 def test_broken_files_are_checkpoint_errors_naming_them(tmp_path):
-    ckpt = _copy(tmp_path)
+    ckpt = copy_fixture(tmp_path)
     weights = (ckpt / "model.safetensors").read_bytes()
     (ckpt / "model.safetensors").write_bytes(weights[:len(weights) // 2])        # a download cut short
     with pytest.raises(CheckpointError, match="model.safetensors is not a readable safetensors file"):
-        _engine(ckpt)
+        engine_for(ckpt)
     (ckpt / "model.safetensors").write_bytes(weights)
     (ckpt / "generation_config.json").write_text('{"eos_token_id": ')
     with pytest.raises(CheckpointError, match="generation_config.json is not valid JSON"):
-        _engine(ckpt)
+        engine_for(ckpt)
 
 
 def test_a_name_that_is_neither_folder_nor_hub_id_says_so(tmp_path):
     with pytest.raises(ModelNotFoundError, match="neither an existing folder nor a hub id"):
-        _engine("my model")
+        engine_for("my model")
 
 
 def test_a_sharded_pickle_checkpoint_is_refused_by_its_index(tmp_path):
     """A hub download never fetches .bin files, but it does fetch pytorch_model.bin.index.json."""
-    ckpt = _copy(tmp_path)
+    ckpt = copy_fixture(tmp_path)
     (ckpt / "model.safetensors").unlink()
     (ckpt / "pytorch_model.bin.index.json").write_text('{"weight_map": {}}')
     with pytest.raises(UnsafeCheckpointError, match="pytorch_model.bin.index.json"):
-        _engine(ckpt)
+        engine_for(ckpt)
 
 
 def _edit_config(ckpt, **changes):
@@ -187,17 +177,17 @@ def _edit_config(ckpt, **changes):
 
 
 def test_config_mistakes_are_named_not_tracebacks_or_ignored(tmp_path):
-    ckpt = _copy(tmp_path)
+    ckpt = copy_fixture(tmp_path)
     _edit_config(ckpt, architectures="LLaDAModelLM")              # a string, not a list: was split per letter
-    assert _engine(ckpt).architecture == "LLaDAModelLM"
+    assert engine_for(ckpt).architecture == "LLaDAModelLM"
     _edit_config(ckpt, rope_scaling={"type": "yarn", "factor": 4.0})  # loaded and silently ignored
     with pytest.raises(CheckpointError, match="rope_scaling .* plain RoPE only"):
-        _engine(ckpt)
+        engine_for(ckpt)
     _edit_config(ckpt, rope_scaling=None, hidden_size=None, d_model=None)   # was a KeyError
     with pytest.raises(CheckpointError, match="config.json lacks"):
-        _engine(ckpt)
+        engine_for(ckpt)
     with pytest.raises(ModelNotFoundError, match="is a file; pass the folder"):
-        _engine(ckpt / "config.json")
+        engine_for(ckpt / "config.json")
 
 
 def test_a_broken_tokenizer_config_is_an_error_not_a_missing_tokenizer(tmp_path):
@@ -206,7 +196,7 @@ def test_a_broken_tokenizer_config_is_an_error_not_a_missing_tokenizer(tmp_path)
     ckpt = make_chat_checkpoint(tmp_path / "chat", "dream")
     (ckpt / "tokenizer_config.json").write_text("{not json")
     with pytest.raises(TokenizerError, match="tokenizer files do not load"):
-        _engine(ckpt)
+        engine_for(ckpt)
 
 
 @pytest.mark.parametrize("family,field,value,rule", [
@@ -221,15 +211,15 @@ def test_float_fields_are_kept_to_ranges_that_give_a_finite_model(tmp_path, fami
     ckpt = shutil.copytree(src, tmp_path / family)
     _edit_config(ckpt, mask_token_id=1, **{field: value})
     with pytest.raises(CheckpointError, match=rule):
-        _engine(ckpt)
+        engine_for(ckpt)
 
 
 def test_special_token_ids_outside_the_vocabulary_are_named_at_load(tmp_path):
     """Loaded fine before, then every request failed inside the engine with an IndexError."""
-    ckpt = _copy(tmp_path)
+    ckpt = copy_fixture(tmp_path)
     _edit_config(ckpt, mask_token_id=10**6)
     with pytest.raises(CheckpointError, match=r"mask_token_id must be an integer in \[0, 319\], got 1000000"):
-        _engine(ckpt)
+        engine_for(ckpt)
 
 
 @pytest.mark.parametrize("method, says", [("compressed-tensors", "compressed-tensors FP8/INT8"),
