@@ -7,6 +7,7 @@ request by one pass and returns a chunk for each request that committed output.
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Callable
 
@@ -17,9 +18,10 @@ from dlm_backend.engine.forward.workers import start as start_workers
 from dlm_backend.engine.kernels import resolve_kernels
 from dlm_backend.engine.kv import PageAllocator
 from dlm_backend.engine.kv.sizing import make_pool
-from dlm_backend.engine.metrics import EngineStats
+from dlm_backend.engine.metrics import EngineStats, MemoryReport
 from dlm_backend.engine.outputs import StreamChunk
 from dlm_backend.engine.params import SamplingParams
+from dlm_backend.engine.quant.methods import quantized_summary
 from dlm_backend.engine.requests import schedule_class
 from dlm_backend.engine.requests.admission import admit, find_sampler
 from dlm_backend.engine.requests.sequence import ScheduledBatch, Sequence
@@ -27,6 +29,8 @@ from dlm_backend.engine.samplers.base import Sampler
 from dlm_backend.engine.samplers.random import ReplayRandom
 from dlm_backend.engine.scheduler import Scheduler, fifo_fit
 from dlm_backend.errors import ParallelWorkerError, QueueFullError, SamplingParamsError
+
+log = logging.getLogger(__name__)
 
 
 class LLMEngine:
@@ -59,6 +63,10 @@ class LLMEngine:
                                           f"names a sampler that is not registered. {exc}") from None
         pool = make_pool(model, config.kv_cache_memory, self.dtype, self.device, tp)
         self.page_size = pool.page_size
+        # On GPU the pool takes a share of what the weights left free, so quantized weights buy pages.
+        self.memory = MemoryReport(sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers())),
+                                   pool.nbytes, pool.num_pages, pool.page_size, quantized_summary(model)[0])
+        log.info("%s: %s", self.checkpoint.name, self.memory)
         self.allocator = PageAllocator(pool.num_pages, self.page_size)
         self.runner = ModelRunner(model, self.device, self.dtype, self.tokens, pool, triton, config.cuda_graphs,
                                   self.workers)

@@ -10,6 +10,7 @@ import torch
 
 from dlm_backend.engine.kernels import MODES
 from dlm_backend.engine.kv.sizing import check_kv_budget
+from dlm_backend.engine.quant.methods import check_quantization
 from dlm_backend.errors import DLMError
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -79,9 +80,14 @@ class EngineConfig:
     #: devices (processes) the model is split over: column/row-parallel layers, experts partitioned,
     #: rank 0 scheduling (engine/parallel); on CPU the ranks are processes talking over gloo
     tensor_parallel_size: int = 1
+    #: quantize a full-precision checkpoint's linear and expert weights as they load ("int8", "int4",
+    #: "fp8": engine/quant/methods.py); None runs the checkpoint's own precision (a quantized
+    #: checkpoint, GPTQ/AWQ/FP8/GGUF, always runs as published)
+    quantization: str | None = None
 
     def __post_init__(self):
         check_dtype(self.dtype)
+        check_quantization(self.quantization)
         if self.device is not None:
             check_device(self.device)
         check_kv_budget(self.kv_cache_memory)
@@ -108,5 +114,5 @@ class EngineConfig:
         """Engines are shared per key: the same weights on the same device, run the same way."""
         return (os.path.abspath(self.model) if os.path.isdir(self.model) else self.model, str(self.torch_device),
                 self.torch_dtype, self.revision, self.kernels, self.cuda_graphs, self.kv_cache_memory,
-                self.prefix_caching, self.tensor_parallel_size,
+                self.prefix_caching, self.tensor_parallel_size, self.quantization,
                 json.dumps(self.config_overrides, sort_keys=True, default=str))

@@ -61,3 +61,21 @@ class EngineStats:
             "tokens_per_second": sum(r[2] for r in recent) / span,
             "forward_passes_per_token": per_token,
         }
+
+
+@dataclass(frozen=True)
+class MemoryReport:
+    """Where an engine's memory went at start-up: the weights (quantized ones by kind) and the KV
+    pool that got what they left. Logged once and shown by ``dlm serve`` and ``/v1/models``."""
+
+    weight_bytes: int
+    kv_cache_bytes: int
+    kv_pages: int
+    page_size: int
+    quantized: dict[str, int]           # kind ("int4 g128", "fp8 per-channel, token activations") -> weights
+
+    def __str__(self) -> str:
+        gib = 2 ** 30
+        kinds = ", ".join(f"{n} x {k}" for k, n in sorted(self.quantized.items())) or "none quantized"
+        return (f"weights {self.weight_bytes / gib:.2f} GiB ({kinds}); KV cache {self.kv_cache_bytes / gib:.2f} GiB "
+                f"({self.kv_pages} pages of {self.page_size} positions)")

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from dlm_backend.engine.checkpoint.files import MAX_JSON_BYTES, checkpoint_file, read_checkpoint_file
 from dlm_backend.engine.models.registry import from_config_json, resolve_model_class
+from dlm_backend.engine.quant.formats import checkpoint_format
 from dlm_backend.errors import CheckpointError, ModelNotFoundError, UnsafeCheckpointError
 
 HUB_PATTERNS = ["*.json", "*.safetensors", "*.jinja", "tokenizer*"]
@@ -82,31 +83,20 @@ def _offline() -> bool:
 
 def read_config(folder: Path) -> dict:
     """config.json (with generation_config.json under ``_generation_config``), refused with a
-    CheckpointError naming the format when the checkpoint is one this engine does not read yet."""
+    CheckpointError naming the format when the weights are quantized in one this engine does not read."""
     config = read_json(folder, "config.json")
     if config is None and any(folder.glob("*.gguf")):
         raise CheckpointError(_GGUF.format(what=f"{folder} holds GGUF files and no config.json"))
-    quant = config.get("quantization_config") if isinstance(config, dict) else None
-    if quant is not None:
-        method = quant.get("quant_method", "unnamed") if isinstance(quant, dict) else quant
-        raise CheckpointError(
-            f"{folder}: config.json's quantization_config says the weights are quantized ({method!r}: "
-            f"{QUANTIZED.get(str(method), 'a quantized format')}). This engine reads full-precision "
-            "safetensors only so far, so those tensors would not load; use the model's bf16/fp16/fp32 "
-            "release.")
     if config is None:
         raise CheckpointError(f"{folder} has no config.json. Point at the folder that holds the "
                               "checkpoint's config.json and safetensors files.")
+    checkpoint_format(config, f"{folder}/config.json")     # a format this engine does not read fails here
     generation = read_json(folder, "generation_config.json")
     if generation is not None:
         config["_generation_config"] = generation
     return config
 
 
-#: quantization_config.quant_method values checkpoints publish, and what each one is.
-QUANTIZED = {"compressed-tensors": "compressed-tensors FP8/INT8 weights", "fp8": "block-wise FP8 weights",
-             "gptq": "GPTQ int4/int8 weights", "awq": "AWQ int4 weights", "bitsandbytes": "bitsandbytes 4/8-bit",
-             "mlx": "MLX quantized weights", "modelopt": "ModelOpt FP8/NVFP4 weights"}
 _GGUF = ("{what}: GGUF (llama.cpp's format) is not read by this engine yet. Use the model's safetensors "
          "release (a folder with config.json and *.safetensors).")
 

@@ -56,8 +56,8 @@ def open_checkpoint(config: EngineConfig, tp: TPGroup | None = None) -> Checkpoi
 def load_shard(config: EngineConfig, folder: Path, hf_config: dict, tp: TPGroup | None) -> DiffusionLM:
     """The model (this rank's shard under tensor parallelism; every rank fails together) on its device."""
     if tp is None:
-        return load_model(folder, hf_config, config.torch_device, config.torch_dtype)
-    return agree(tp, lambda: load_model(folder, hf_config, tp.device, config.torch_dtype, tp))
+        return load_model(folder, hf_config, config.torch_device, config.torch_dtype, quantization=config.quantization)
+    return agree(tp, lambda: load_model(folder, hf_config, tp.device, config.torch_dtype, tp, config.quantization))
 
 
 def _token_info(model: DiffusionLM, hf_config: dict, tokenizer: Tokenizer | None) -> TokenInfo:

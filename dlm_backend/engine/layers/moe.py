@@ -76,8 +76,9 @@ def experts(x: torch.Tensor, topk_idx: torch.Tensor, topk_weight: torch.Tensor, 
             up: torch.Tensor, down: torch.Tensor, activation: str = "silu", foreign: bool = False) -> torch.Tensor:
     """:func:`routed_experts` (same arguments and result): the fused Triton kernel on the kernel
     path, the torch reference otherwise. ``foreign``: ``topk_idx`` may hold E (another rank's expert,
-    ``StackedExperts.forward`` under tensor parallelism)."""
-    if triton_enabled():
+    ``StackedExperts.forward`` under tensor parallelism). Quantized experts (``QuantizedExperts``)
+    run on the torch path, each expert's product on its quantized kernel."""
+    if triton_enabled() and isinstance(gate, torch.Tensor):
         from dlm_backend.engine.kernels.moe import fused_moe
 
         return fused_moe(x, topk_idx, topk_weight, gate, up, down, activation, foreign)

@@ -48,6 +48,8 @@ class Sharded(ABC):
 class ColumnLinear(nn.Linear, Sharded):
     """``nn.Linear(in, out)`` keeping the output rows ``parts`` (default: an even 1/world)."""
 
+    quantized_params = ("weight",)          # a quantized weight may stand in (engine/quant)
+
     def __init__(self, in_features: int, out_features: int, bias: bool = False, what: str = "a layer's width",
                  parts: list[slice] | None = None):
         self.tp = build_group()
@@ -94,6 +96,8 @@ def qkv_linear(in_features: int, heads: int, kv_heads: int, head_dim: int, bias:
 class RowLinear(nn.Linear, Sharded):
     """``nn.Linear(in, out)`` keeping an even 1/world of the input columns; the partial products are
     summed over the ranks (``reduce``) before the bias is added, once."""
+
+    quantized_params = ("weight",)
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False, what: str = "a layer's width",
                  reduce: bool = True):

@@ -42,6 +42,8 @@ class StackedExperts(nn.Module):
     ``[r E / world, (r + 1) E / world)`` whole, computes only the assignments routed to them, and the
     block's one all-reduce combines the ranks' partial sums."""
 
+    quantized_params = ("gate_proj", "up_proj", "down_proj")     # each may be a stack of quantized experts
+
     def __init__(self, num_experts: int, hidden: int, width: int):
         super().__init__()
         self.tp = build_group()

@@ -118,7 +118,10 @@ class GemmaExperts(nn.Module, Sharded):
 
     Under tensor parallelism the experts are partitioned (EP = TP): a rank holds experts
     ``[r E / world, (r + 1) E / world)`` whole, reads only their rows of both tensors, and returns
-    its partial sum, all-reduced before the block's post-norm."""
+    its partial sum, all-reduced before the block's post-norm. Quantized, the fused gate/up stack is
+    split into its halves once at load (``on_quantized``)."""
+
+    quantized_params = ("gate_up_proj", "down_proj")
 
     def __init__(self, args: ModelArgs, g: GemmaArgs):
         super().__init__()
@@ -135,8 +138,16 @@ class GemmaExperts(nn.Module, Sharded):
     def load_shard(self, param: str, part) -> torch.Tensor:
         return part[self.mine]
 
+    def on_quantized(self, param: str) -> None:
+        if param == "gate_up_proj":             # two stacks, so each half is packed for its kernel alone
+            self.gate_up = nn.ModuleList(self._modules.pop("gate_up_proj").split_rows(self.width))
+            self.gate_up_proj = None
+
     def forward(self, x: torch.Tensor, idx: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj[:, :self.width], self.gate_up_proj[:, self.width:]      # views, no copy
+        if self.gate_up_proj is not None:
+            gate, up = self.gate_up_proj[:, :self.width], self.gate_up_proj[:, self.width:]  # views, no copy
+        else:
+            gate, up = self.gate_up
         if self.tp is None:
             return run_experts(x, idx, weight, gate, up, self.down_proj, "gelu_tanh")
         n = self.mine.stop - self.mine.start

@@ -222,14 +222,15 @@ def test_special_token_ids_outside_the_vocabulary_are_named_at_load(tmp_path):
         engine_for(ckpt)
 
 
-@pytest.mark.parametrize("method, says", [("compressed-tensors", "compressed-tensors FP8/INT8"),
-                                          ("fp8", "block-wise FP8"), ("gptq", "GPTQ"), ("awq", "AWQ")])
-def test_a_quantized_checkpoint_is_refused_naming_its_format(tmp_path, method, says):
+@pytest.mark.parametrize("method, says", [("bitsandbytes", "bitsandbytes 4/8-bit"), ("mlx", "MLX quantized"),
+                                          ("modelopt", "ModelOpt FP8/NVFP4"), ("quanto", "a quantization format")])
+def test_a_quantized_checkpoint_in_a_format_not_read_is_refused_naming_it(tmp_path, method, says):
     folder = shutil.copytree(PARITY / "llada-tiny", tmp_path / "q")
     config = json.loads((folder / "config.json").read_text())
     config["quantization_config"] = {"quant_method": method, "bits": 4}
     (folder / "config.json").write_text(json.dumps(config))
-    with pytest.raises(CheckpointError, match=f"quantized \\('{method}': {says}.*bf16/fp16/fp32 release"):
+    with pytest.raises(CheckpointError, match=f"quantized as '{method}' \\({says}.*reads gptq, awq, compressed-tensors, "
+                                              "fp8 checkpoints and GGUF files"):
         LLM(str(folder))
 
 
