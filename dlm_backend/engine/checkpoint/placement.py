@@ -57,6 +57,13 @@ class Placement:
             full = self.shards[owner].full_shape(param)
             if shape != full:
                 self.shape_errors.append(f"{name}: expected {list(full)}, found {list(shape)}")
+            elif self.method is not None and name in self.targets:
+                # Quantized whole, then split: every rank holds a slice of the one quantized weight, so
+                # a split engine runs the weights a one-device engine runs (per-channel scales would
+                # otherwise come from each rank's columns only).
+                shard = self.shards[owner].load_shard
+                self.quantized[name] = (shard(param, quantize_weight(entry.read(), self.method)) if len(shape) == 2
+                                        else quantize_stack(shard(param, entry.part()), self.method))  # experts whole
             else:
                 self._put(name, self.shards[owner].load_shard(param, entry.part()))
             return

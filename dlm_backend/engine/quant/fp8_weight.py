@@ -104,6 +104,7 @@ class FP8Weight(QuantizedWeight):
     def prepare(self, device, dtype: torch.dtype) -> FP8Weight:
         device = torch.device(device)
         self.to(device)
+        self.w = self.w.contiguous()                       # a column slice (tensor parallelism) is strided
         N, K = self.shape
         fast = (device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9)
                 and self.block is None and self.activation in ("token", "static") and N % 16 == 0 and K % 16 == 0)

@@ -82,7 +82,9 @@ class IntWeight(QuantizedWeight):
         if self.perm is not None:
             raise CheckpointError("An act-order GPTQ weight (desc_act) cannot be split by input columns between "
                                   "devices; run it with tensor_parallel_size=1.")
-        groups = aligned(index, self.shape[1], self.group, "quantization group")
+        # One group over every column (per-channel scales) keeps its scale whatever the split.
+        groups = slice(None) if self.group == self.shape[1] else aligned(index, self.shape[1], self.group,
+                                                                          "quantization group")
         off = None if self.offset is None else self.offset[:, groups]
         return IntWeight(self.q[:, index], self.scale[:, groups], off, self.bits)
 
@@ -97,6 +99,9 @@ class IntWeight(QuantizedWeight):
     def prepare(self, device, dtype: torch.dtype) -> IntWeight:
         device = torch.device(device)
         self.to(device)
+        for name, t in list(self._buffers.items()):       # a column slice (tensor parallelism) is strided
+            if t is not None:
+                self._buffers[name] = t.contiguous()
         N, K = self.shape
         signed = self.q.dtype == torch.int8
         act = torch.bfloat16 if device.type == "cpu" else dtype

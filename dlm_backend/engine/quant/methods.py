@@ -78,6 +78,19 @@ def install(module: nn.Module, param: str, value: QuantizedWeight | QuantizedExp
         hook(param)
 
 
+def quantize_model(model: nn.Module, method: str, device, dtype: torch.dtype) -> nn.Module:
+    """Quantize a model already in memory (benchmarks, tests): every parameter :func:`quantizable`
+    names, laid out for ``device``; the loader does the same tensor by tensor as it reads them."""
+    check_quantization(method)
+    for module, attr in quantizable(model).values():
+        w = getattr(module, attr).detach()
+        install(module, attr, (quantize_weight if w.dim() == 2 else quantize_stack)(w, method))
+    for m in model.modules():
+        if isinstance(m, QuantizedWeight):
+            m.prepare(device, dtype)
+    return model
+
+
 def quantized_summary(model: nn.Module) -> tuple[dict[str, int], int]:
     """({kind: weights of that kind}, bytes the quantized weights take) for the start-up report."""
     kinds: dict[str, int] = {}
