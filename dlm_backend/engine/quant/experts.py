@@ -38,7 +38,10 @@ class QuantizedExperts(nn.Module):
     def __len__(self) -> int:
         return len(self.experts)
 
-    def __getitem__(self, index) -> QuantizedWeight:
+    def __getitem__(self, index) -> QuantizedWeight | QuantizedExperts:
+        """Expert ``index``'s weight, or (a slice: a rank's partition of the experts) a smaller stack."""
+        if isinstance(index, slice):
+            return QuantizedExperts(list(self.experts[index]))
         return self.experts[index]
 
     def split_rows(self, at: int) -> tuple[QuantizedExperts, QuantizedExperts]:

@@ -106,7 +106,9 @@ class FP8Weight(QuantizedWeight):
         self.to(device)
         self.w = self.w.contiguous()                       # a column slice (tensor parallelism) is strided
         N, K = self.shape
-        fast = (device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9)
+        # Row-wise scaled _scaled_mm writes bf16 only ("Only bf16 high precision output types are
+        # supported for row-wise scaling" before cuBLAS 12.9); fp16/fp32 activations are emulated.
+        fast = (device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9) and dtype == torch.bfloat16
                 and self.block is None and self.activation in ("token", "static") and N % 16 == 0 and K % 16 == 0)
         self.exec = "scaled_mm" if fast else "emulate"
         return self
