@@ -52,22 +52,29 @@ def build(config: dict, precision: str, device: str):
     return model, dtype
 
 
-def pass_ms(model, dtype, device: str, batch: int, prompt: int, block: int, passes: int) -> float:
-    """Median milliseconds of a block pass (the first pass of each block, which also refreshes the
-    prompt's keys, excluded), after a warm-up."""
-    a = model.args
-    page = page_size_for(a.block_size)
-    pages = batch * -(-(prompt + 2 * block) // page)
-    pool = KVPool(a.kv_shapes, page, pages, dtype, torch.device(device))
-    allocator = PageAllocator(pages, page)
-    runner = ModelRunner(model, torch.device(device), dtype, TokenInfo(mask_id=a.mask_token_id), pool,
-                         resolve_kernels(EngineConfig(model="random", device=device).kernels, device), False)
-    generate(runner, allocator, batch, prompt, block, block)                               # warm-up
-    times = []
-    while len(times) < passes:
-        _, recs = generate(runner, allocator, batch, prompt, block, block)
-        times += [t for refresh, t in recs if not refresh]
-    return 1e3 * statistics.median(times)
+class Timed:
+    """One model's runner and KV pool at one batch size; :meth:`round` times the block passes of one
+    generation (the first pass of each block, which also refreshes the prompt's keys, excluded)."""
+
+    def __init__(self, model, dtype, device: str, batch: int, prompt: int, block: int):
+        a = model.args
+        page = page_size_for(a.block_size)
+        pages = batch * -(-(prompt + 2 * block) // page)
+        pool = KVPool(a.kv_shapes, page, pages, dtype, torch.device(device))
+        self.allocator = PageAllocator(pages, page)
+        self.runner = ModelRunner(model, torch.device(device), dtype, TokenInfo(mask_id=a.mask_token_id), pool,
+                                  resolve_kernels(EngineConfig(model="random", device=device).kernels, device), False)
+        self.batch, self.prompt, self.block, self.times = batch, prompt, block, []
+        self.round()                                                                     # warm-up
+        self.times = []
+
+    def round(self) -> None:
+        _, recs = generate(self.runner, self.allocator, self.batch, self.prompt, self.block, self.block)
+        self.times += [t for refresh, t in recs if not refresh]
+
+    @property
+    def ms(self) -> float:
+        return 1e3 * statistics.median(self.times)
 
 
 @torch.inference_mode()
@@ -87,7 +94,7 @@ def main(argv=None) -> None:
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--block", type=int, default=32)
-    ap.add_argument("--passes", type=int, default=12)
+    ap.add_argument("--rounds", type=int, default=3, help="generations per precision and batch (round-robin)")
     ap.add_argument("--precisions", default=",".join(PRECISIONS))
     ap.add_argument("--tiny", action="store_true", help="d_model 128, 2 layers: a smoke test")
     a = ap.parse_args(argv)
@@ -105,21 +112,25 @@ def main(argv=None) -> None:
     cols = ["precision", "weights_MiB"] + [f"ms_b{b}" for b in batches] + [f"x_b{b}" for b in batches] + \
            ["logit_err", "greedy_agree"]
     print("  ".join(f"{c:>13}" for c in cols))
-    base: dict[int, float] = {}
-    reference = None
+    reference, built = None, {}
     for precision in a.precisions.split(","):
         model, dtype = build(config, precision, a.device)
         if reference is None:
             reference = packed_logits(model, rows, None).float()
-        err, agree = quality(model, reference, rows, masked)
         mib = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers())) / 2**20
-        ms = {b: pass_ms(model, dtype, a.device, b, a.prompt, a.block, a.passes) for b in batches}
-        base = base or ms
-        row = [precision, f"{mib:.0f}"] + [f"{ms[b]:.1f}" for b in batches] + \
-              [f"{base[b] / ms[b]:.2f}" for b in batches] + [f"{err:.4f}", f"{agree:.3f}"]
+        built[precision] = (mib, *quality(model, reference, rows, masked),
+                            {b: Timed(model, dtype, a.device, b, a.prompt, a.block) for b in batches})
+    # Round-robin: every precision's passes spread over the same minutes, so a neighbour's load on a
+    # shared machine slows them alike and the ratios hold.
+    for _ in range(a.rounds):
+        for *_, timed in built.values():
+            for t in timed.values():
+                t.round()
+    base = built[next(iter(built))][3]
+    for precision, (mib, err, agree, timed) in built.items():
+        row = [precision, f"{mib:.0f}"] + [f"{timed[b].ms:.1f}" for b in batches] + \
+              [f"{base[b].ms / timed[b].ms:.2f}" for b in batches] + [f"{err:.4f}", f"{agree:.3f}"]
         print("  ".join(f"{c:>13}" for c in row), flush=True)
-        del model
-
 
 if __name__ == "__main__":
     main()

@@ -13,7 +13,7 @@ from dlm_backend.engine.layers.parallel import Sharded
 from dlm_backend.engine.layers.routers import StackedExperts
 from dlm_backend.engine.models.base import DiffusionLM
 from dlm_backend.engine.quant.experts import QuantizedExperts
-from dlm_backend.engine.quant.methods import install, quantizable, quantize_stack, quantize_weight
+from dlm_backend.engine.quant.methods import HEAD_METHODS, install, is_head, quantizable, quantize_stack, quantize_weight
 from dlm_backend.engine.quant.weight import QuantizedWeight
 from dlm_backend.errors import CheckpointError
 
@@ -57,7 +57,7 @@ class Placement:
             full = self.shards[owner].full_shape(param)
             if shape != full:
                 self.shape_errors.append(f"{name}: expected {list(full)}, found {list(shape)}")
-            elif self.method is not None and name in self.targets:
+            elif self.method is not None and name in self.targets and not self._head(name):
                 # Quantized whole, then split: every rank holds a slice of the one quantized weight, so
                 # a split engine runs the weights a one-device engine runs (per-channel scales would
                 # otherwise come from each rank's columns only).
@@ -74,16 +74,23 @@ class Placement:
         else:
             self._put(name, entry.read())
 
+    def _head(self, name: str) -> bool:
+        return is_head(self.targets[name][0])
+
     def _put(self, name: str, value) -> None:
-        if isinstance(value, QuantizedWeight):
-            if name in self.targets:
+        target = name in self.targets
+        if isinstance(value, (QuantizedWeight, QuantizedExperts)):
+            if target and not self._head(name):
                 self.quantized[name] = value
             else:       # a quantized embedding or head (GGUF's Q6_K output.weight): kept in float, as published
                 self.state[name] = value.dequantize(self.dtype)
-        elif self.method is not None and name in self.targets:
-            self.quantized[name] = (quantize_weight if value.dim() == 2 else quantize_stack)(value, self.method)
-        else:
+            return
+        method = None if not target or self.method is None else \
+            HEAD_METHODS[self.method] if self._head(name) else self.method
+        if method is None:
             self.state[name] = value.to(self.dtype)
+        else:           # a head is quantized after its split: its per-row scales do not depend on it
+            self.quantized[name] = (quantize_weight if value.dim() == 2 else quantize_stack)(value, method)
 
     def _local_expert(self, into, name, shape) -> tuple[str, int] | None:
         """``into`` with the expert's index on this rank; None when another rank holds it (or it is out

@@ -34,8 +34,9 @@ def greedy_from_logits(logits: torch.Tensor, exclude_id: int = -1) -> UnmaskStat
 
 
 def unmask_stats(hidden: torch.Tensor, weight: torch.Tensor, exclude_id: int = -1) -> UnmaskStats:
-    """:func:`greedy_confidence`, by the one-pass Triton kernel on the kernel path."""
-    if triton_enabled():
+    """:func:`greedy_confidence`, by the one-pass Triton kernel on the kernel path (a quantized head
+    runs its own product)."""
+    if triton_enabled() and isinstance(weight, torch.Tensor):
         from dlm_backend.engine.kernels.unmask import unmask_stats as fused
 
         return UnmaskStats(*fused(hidden, weight, exclude_id=exclude_id))

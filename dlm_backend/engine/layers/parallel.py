@@ -160,6 +160,8 @@ class VocabLinear(nn.Linear, Sharded):
     """An LM head ``[V, D]`` keeping this rank's rows; the model gathers the logits it computes from
     them (``DiffusionLM.compute_logits``), for the sampler's rows only."""
 
+    quantized_params, quantized_role = ("weight",), "head"      # engine/quant's HEAD_METHODS say how
+
     def __init__(self, in_features: int, vocab: int):
         self.tp = build_group()
         self.full_rows = vocab

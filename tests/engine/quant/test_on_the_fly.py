@@ -13,7 +13,7 @@ from dlm_backend.engine.checkpoint.weights import load_model
 from dlm_backend.engine.engine_config import EngineConfig
 from dlm_backend.engine.forward.batch import ForwardBatch
 from dlm_backend.engine.quant.experts import QuantizedExperts, is_quantized
-from dlm_backend.engine.quant.methods import METHODS, quantizable, quantize_weight
+from dlm_backend.engine.quant.methods import HEAD_METHODS, METHODS, is_head, quantizable, quantize_weight
 from dlm_backend.engine.quant.weight import QuantizedWeight
 from dlm_backend.errors import DLMError
 
@@ -33,10 +33,12 @@ def _load(name, quantization=None):
     return load_model(folder, {**read_config(folder), **overrides}, CPU, torch.float32, quantization=quantization)
 
 
-def _weights(model):
-    """Each quantizable name -> its weight ([N, K], or a stack's experts), as installed."""
+def _weights(model, method="int8"):
+    """Each name ``method`` quantizes -> its weight ([N, K], or a stack's experts), as installed."""
     out = {}
     for name, (module, attr) in quantizable(model).items():
+        if _method(module, method) is None:
+            continue
         value = getattr(module, attr, None)
         if value is None:                           # DiffusionGemma keeps its fused gate/up split in halves
             value = module.gate_up
@@ -44,13 +46,20 @@ def _weights(model):
     return out
 
 
+def _method(module, method):
+    return HEAD_METHODS[method] if is_head(module) else method
+
+
 @pytest.mark.parametrize("method", list(METHODS))
 @pytest.mark.parametrize("name", list(MODELS))
 def test_each_quantizable_weight_is_quantized_in_its_place_and_the_rest_stays_float(name, method):
     full, quant = _load(name), _load(name, method)
     x = torch.randn(5, 1, generator=torch.Generator().manual_seed(0))
-    for wname, got in _weights(quant).items():
+    heads = 0
+    for wname, got in _weights(quant, method).items():
         want = full.get_parameter(wname)
+        module = quantizable(quant)[wname][0]
+        heads += is_head(module)
         assert is_quantized(got) or all(isinstance(e, QuantizedExperts) for e in got), wname
         pairs = [(got, want)] if isinstance(got, QuantizedWeight) else \
                 [(e, want[i]) for i, e in enumerate(got)] if isinstance(got, QuantizedExperts) else \
@@ -58,11 +67,15 @@ def test_each_quantizable_weight_is_quantized_in_its_place_and_the_rest_stays_fl
         for q, w in pairs:
             # The installed weight's product is the product with this weight quantized, not another's.
             h = x.expand(5, w.shape[1]) * torch.linspace(-1, 1, w.shape[1])
-            ref = quantize_weight(w, method).prepare(CPU, torch.float32)
+            ref = quantize_weight(w, _method(module, method)).prepare(CPU, torch.float32)
             assert torch.equal(F.linear(h, q), F.linear(h, ref)), wname
     left = {n: p for n, p in quant.named_parameters()}
-    assert left and all(p.dtype == torch.float32 for p in left.values())          # norms, embeddings, head
-    assert not any(n in left for n in _weights(quant))
+    assert left and all(p.dtype == torch.float32 for p in left.values())          # norms, embeddings, router
+    assert not any(n in left for n in _weights(quant, method))
+    # An untied head is quantized by HEAD_METHODS (int8 for the integer methods); a tied one is the
+    # embedding, which stays float.
+    untied = not quant.args.tie_word_embeddings
+    assert heads == (1 if untied and HEAD_METHODS[method] else 0)
 
 
 @pytest.mark.parametrize("method", list(METHODS))
