@@ -11,6 +11,7 @@ from dataclasses import fields
 
 from dlm_backend.engine.engine_config import EngineLimits
 from dlm_backend.engine.kv.sizing import CPU_KV_BYTES, GPU_KV_FRACTION
+from dlm_backend.engine.quant.methods import METHODS
 from dlm_backend.errors import DLMError
 from dlm_backend.server.settings import ServerConfig
 
@@ -24,6 +25,12 @@ def _add_model_args(p: argparse.ArgumentParser, positional: bool = True) -> None
     p.add_argument("--tensor-parallel-size", type=int, default=None, metavar="N",
                    help="split the model over N devices (GPUs; on CPU, N processes over gloo); under torchrun, "
                         "N = nodes x processes per node (default: 1)")
+    # The choices and their help come from the methods table, so a new method needs no edit here
+    # (argparse %-formats help text: a "%" in a description is escaped).
+    methods = "; ".join(f"{name}: {what}" for name, what in METHODS.items()).replace("%", "%%")
+    p.add_argument("--quantization", choices=list(METHODS), default=None,
+                   help=f"quantize a full-precision checkpoint's weights as they load: {methods} "
+                        "(default: the checkpoint's own precision)")
 
 
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -55,7 +62,8 @@ def _params(args, llm):
 def _llm(args):
     from dlm_backend import LLM
 
-    return LLM(args.model, device=args.device, dtype=args.dtype, tensor_parallel_size=args.tensor_parallel_size)
+    return LLM(args.model, device=args.device, dtype=args.dtype, tensor_parallel_size=args.tensor_parallel_size,
+               quantization=args.quantization)
 
 
 def cmd_generate(args) -> int:
@@ -156,11 +164,13 @@ def cmd_serve(args) -> int:
                           max_body_bytes=args.max_body_bytes, max_tokens_limit=args.max_tokens_limit,
                           max_prompt_tokens=args.max_prompt_tokens, limits=limits,
                           kv_cache_memory=args.kv_cache_memory, prefix_caching=args.prefix_caching,
-                          tensor_parallel_size=args.tensor_parallel_size,
+                          tensor_parallel_size=args.tensor_parallel_size, quantization=args.quantization,
                           allowed_hosts=list(LOOPBACK_NAMES) if loopback and not api_key else None)
     app = create_app(config=config)
     if not args.lazy or worker_rank():    # a torchrun worker rank serves (and exits) in start()
         app.state.served.start()          # load before accepting connections; a DLMError says why it cannot
+        # uvicorn runs at log level warning, so this line is what says the model is up and what it took.
+        print(f"dlm serve: {app.state.served.summary()}", file=sys.stderr, flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", http=GuardedH11Protocol)
     return 0
 

@@ -30,21 +30,25 @@ class LLM:
     share; ``prefix_caching`` shares identical prompt prefixes between them. ``tensor_parallel_size``
     splits the model over that many devices (processes: GPUs, or CPU ranks over gloo), rank 0 here
     scheduling for all (under ``torchrun``, see the README, ranks other than 0 serve as workers inside
-    this call and exit when rank 0 closes). ``close()`` (or ``with LLM(...) as llm:``) returns this handle,
-    and the last handle frees the weights and caches. Methods taking ``messages`` render them with
-    the checkpoint's chat template.
+    this call and exit when rank 0 closes). ``quantization`` (``"int8"``, ``"int4"`` or ``"fp8"``:
+    docs/quantization.md) quantizes a full-precision checkpoint's weights as they load, and is part
+    of what engines are shared by; ``llm.engine.memory`` reports what the weights and KV cache took.
+    ``close()`` (or ``with LLM(...) as llm:``) returns this handle, and the last handle frees the
+    weights and caches. Methods taking ``messages`` render them with the checkpoint's chat template.
     """
 
     def __init__(self, model: str | None = None, *, device: str | None = None, dtype: str = "auto",
                  revision: str | None = None, kernels: str | None = None, cuda_graphs: bool | None = None,
                  config_overrides: dict | None = None, kv_cache_memory: int | None = None,
                  prefix_caching: bool | None = None, tensor_parallel_size: int | None = None,
-                 max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
-                 max_model_len: int | None = None, max_waiting: int | None = None):
+                 quantization: str | None = None, max_num_seqs: int | None = None,
+                 max_num_batched_tokens: int | None = None, max_model_len: int | None = None,
+                 max_waiting: int | None = None):
         switches = {k: v for k, v in (("kernels", kernels), ("cuda_graphs", cuda_graphs),
                                       ("config_overrides", config_overrides), ("kv_cache_memory", kv_cache_memory),
                                       ("prefix_caching", prefix_caching),
-                                      ("tensor_parallel_size", tensor_parallel_size)) if v is not None}
+                                      ("tensor_parallel_size", tensor_parallel_size),
+                                      ("quantization", quantization)) if v is not None}
         self.config = EngineConfig(model=str(model or default_model()), device=device, dtype=dtype,
                                    revision=revision, **switches)
         self._loop = shared.acquire(self.config, max_num_seqs=max_num_seqs, max_waiting=max_waiting,

@@ -126,3 +126,48 @@ def test_serving_unauthenticated_beyond_loopback_warns(dream_chat, monkeypatch, 
     config = _serve([str(dream_chat), "--lazy", "--host", "0.0.0.0", "--allow-unauthenticated"], monkeypatch)
     assert config.api_key is None and config.allowed_hosts is None
     assert "without an API key; anyone who can reach this port can use the model" in caplog.text
+
+
+def test_every_command_that_builds_an_engine_takes_quantization_from_the_methods_table():
+    """generate, chat and serve build engines; each takes --quantization, whose choices are the
+    methods table's (a method added there is a flag value with no edit to the CLI)."""
+    from dlm_backend.cli import _llm, build_parser
+    from dlm_backend.engine.quant.methods import METHODS
+
+    parser = build_parser()
+    for argv in (["generate", "hi"], ["chat"], ["serve"]):
+        assert parser.parse_args(argv).quantization is None
+        assert parser.parse_args([*argv, "--quantization", "int8"]).quantization == "int8"
+    sub = next(a for a in parser._subparsers._group_actions).choices
+    for command in ("generate", "chat", "serve"):
+        flag = next(a for a in sub[command]._actions if "--quantization" in a.option_strings)
+        assert flag.choices == list(METHODS)
+    args = parser.parse_args(["generate", "--quantization", "int8", "hi"])
+    args.model = None                                       # as cmd_generate reads it off [MODEL] PROMPT
+    with _llm(args) as llm:
+        assert llm.config.quantization == "int8" and llm.engine.memory.quantized
+    bad = dlm("generate", "hi", "--quantization", "int3")
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    assert "invalid choice: 'int3'" in bad.stderr and all(repr(name) in bad.stderr for name in METHODS)
+
+
+def test_serve_quantizes_and_reports_where_the_memory_went_at_start(monkeypatch, capsys):
+    """`dlm serve --quantization int4` loads int4 weights before listening and says so in one line,
+    sizes in units that fit (dlm-tiny's weights read "0.00 GiB" before)."""
+    import uvicorn
+
+    from dlm_backend.cli import main
+
+    apps = []
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: apps.append(app))
+    assert main(["serve", "--quantization", "int4", "--served-model-name", "tiny"]) == 0
+    served = apps[0].state.served
+    try:
+        assert apps[0].state.config.quantization == "int4"
+        engine = served.loaded.engine
+        assert engine.config.quantization == "int4" and engine.memory.quantized
+        line = capsys.readouterr().err.strip().splitlines()[-1]
+        assert line.startswith(f"dlm serve: tiny loaded on {engine.device} (quantization int4): weights ")
+        assert str(engine.memory) in line and " MiB (" in line and "0.00 GiB" not in line
+    finally:
+        served.close()

@@ -96,3 +96,21 @@ def test_chat_sends_the_tools_as_the_chat_layer_does(llada_chat):
             *asyncio.run(async_forms())]
     assert [o.prompt_token_ids for o in outs] == [want] * 4
     assert llm.encode_chat(messages, tools=[WEATHER]) == want
+
+
+def test_quantization_reaches_the_engine_and_names_its_methods_when_wrong():
+    """``LLM(quantization=...)`` builds its own engine with the weights quantized as they load (an
+    int4 handle sharing a full-precision engine would run weights it did not ask for); a method the
+    engine does not apply is a DLMError naming the ones it does, before anything loads."""
+    from dlm_backend.engine.quant.methods import METHODS
+
+    with LLM() as full, LLM(quantization="int4") as int4, LLM(quantization="int4") as again:
+        assert int4.config.quantization == "int4" and full.config.quantization is None
+        assert int4.engine is again.engine and int4.engine is not full.engine
+        assert int4.engine.memory.quantized and not full.engine.memory.quantized
+        assert all(kind.startswith("int4") for kind in int4.engine.memory.quantized)
+        assert int4.engine.memory.weight_bytes < full.engine.memory.weight_bytes
+        assert int4.chat([{"role": "user", "content": "hi"}], SamplingParams(max_tokens=4, block_length=4)).finish_reason
+    with pytest.raises(DLMError, match="quantization 'int3'") as refused:
+        LLM(quantization="int3")
+    assert all(name in str(refused.value) for name in METHODS)

@@ -16,12 +16,17 @@ from dlm_backend.engine.checkpoint.folder import EMBEDDED_MODEL, default_model, 
 from dlm_backend.engine.checkpoint.tokenizer import Tokenizer
 from dlm_backend.engine.params import (DEFAULTS, FRAMEWORK_NAMES, FRAMEWORK_TAKEN, KNOB_NAMES, KNOBS, knob_values,
                                        unknown_field)
+from dlm_backend.engine.quant.methods import METHODS
 from dlm_backend.errors import DLMError, TokenizerError
 from dlm_backend.llm import LLM
 from dlm_backend.plugins import registered_knobs
 
 #: The framework front doors' knob fields, named as the knob table names them there: name -> field.
 KNOB_FIELDS: dict[str, str] = {public: name for name, public in FRAMEWORK_NAMES.items()}
+#: The adapters' ``quantization`` field, described from the methods table (names and what each is).
+QUANTIZATION_DOC = ("quantize a full-precision checkpoint's weights as they load: "
+                    + "; ".join(f"{name} ({what})" for name, what in METHODS.items())
+                    + "; default: the checkpoint's own precision")
 
 
 def knob_fields(field) -> dict:
@@ -93,21 +98,24 @@ def check_knob_values(given: dict, where: str) -> None:
 
 
 class Handles:
-    """The engine handles one adapter holds, one per (model, device): taken on first use (which
-    loads the weights unless some front door holds them already) and given back by :meth:`close`,
-    after which the next use takes a new one. A closed handle is never handed out."""
+    """The engine handles one adapter holds, one per (model, device, quantization): taken on first
+    use (which loads the weights unless some front door holds them already) and given back by
+    :meth:`close`, after which the next use takes a new one. A closed handle is never handed out.
+    The quantization is part of the key because it is part of the engine's: handles asking for
+    int4 and for full precision must not share the weights either one loaded."""
 
     def __init__(self):
         self._llms: dict[tuple, LLM] = {}
         self._lock = threading.Lock()
 
-    def get(self, model: str | None, device: str | None = None) -> LLM:
-        key = (model, device)
+    def get(self, model: str | None, device: str | None = None, quantization: str | None = None) -> LLM:
+        key = (model, device, quantization)
         with self._lock:
             llm = self._llms.get(key)
         if llm is not None and not llm.closed:
             return llm
-        fresh = LLM(model, device=device)              # loads outside the lock (other models keep serving)
+        # loads outside the lock (other models keep serving)
+        fresh = LLM(model, device=device, quantization=quantization)
         with self._lock:
             llm = self._llms.get(key)
             if llm is None or llm.closed:
@@ -116,10 +124,10 @@ class Handles:
             fresh.close()
         return llm
 
-    def loaded(self, model: str | None, device: str | None = None) -> LLM | None:
-        """The handle held for ``model``, or None (nothing is loaded here)."""
+    def loaded(self, model: str | None, device: str | None = None, quantization: str | None = None) -> LLM | None:
+        """The handle held for ``model`` (on ``device``, so quantized), or None (nothing is loaded here)."""
         with self._lock:
-            llm = self._llms.get((model, device))
+            llm = self._llms.get((model, device, quantization))
         return llm if llm is not None and not llm.closed else None
 
     def close(self) -> None:
@@ -149,11 +157,12 @@ def display_name(model: str | None) -> str:
     return name
 
 
-def model_tokenizer(model: str | None, handles: "Handles | None" = None, device: str | None = None) -> Tokenizer:
+def model_tokenizer(model: str | None, handles: "Handles | None" = None, device: str | None = None,
+                    quantization: str | None = None) -> Tokenizer:
     """The model's tokenizer and chat template for counting tokens: a loaded engine's, else read
     from the checkpoint alone (milliseconds; frameworks count on the event loop, where loading
     the weights stalled LlamaIndex's first ``aquery`` for 2.6 s). The counts are the engine's."""
-    if handles is not None and (llm := handles.loaded(model, device)) is not None:
+    if handles is not None and (llm := handles.loaded(model, device, quantization)) is not None:
         return llm.tokenizer
     return _tokenizer_of(str(model or default_model()))
 

@@ -26,10 +26,11 @@ from langchain_core.utils.function_calling import convert_to_json_schema, conver
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, create_model, model_validator
 
 from dlm_backend import chat
-from dlm_backend.adapters.common import (KNOB_FIELDS, Handles, check_knob_values, constructor_args, display_name,
-                                         knob_fields, model_tokenizer, off_loop)
+from dlm_backend.adapters.common import (KNOB_FIELDS, QUANTIZATION_DOC, Handles, check_knob_values, constructor_args,
+                                         display_name, knob_fields, model_tokenizer, off_loop)
 from dlm_backend.engine.checkpoint.folder import context_length, default_model
 from dlm_backend.engine.params import DEFAULTS, FRAMEWORK_TAKEN
+from dlm_backend.engine.quant.methods import check_quantization
 from dlm_backend.errors import DLMError
 
 #: Keyword arguments a LangChain call carries besides knobs (bind_tools, with_structured_output).
@@ -46,6 +47,8 @@ class ChatDLM(create_model("_ChatDLMKnobs", __base__=BaseChatModel, **knob_field
     ``generation_config.json``), else the table's. ``cache`` is LangChain's response cache; the
     diffusion KV cache mode is ``kv_cache``. A misspelled or out-of-range argument is a DLMError
     at construction; ``close()`` gives the engine handle back (the next call takes a new one).
+    ``quantization`` quantizes a full-precision checkpoint's weights as they load; models asking
+    for different methods hold different engines.
     ``timeout`` (seconds, also per call) aborts a request that runs past it and raises a
     ``TimeoutError`` (RequestTimeoutError); token counts use the model's tokenizer and chat template.
     """
@@ -55,6 +58,10 @@ class ChatDLM(create_model("_ChatDLMKnobs", __base__=BaseChatModel, **knob_field
     model: str | None = Field(default=None, alias="model_name")
     """Checkpoint folder or hub id; default ``$DLM_MODEL`` or the embedded dlm-tiny."""
     device: str | None = None
+    quantization: str | None = Field(default=None, description=QUANTIZATION_DOC)
+    """How to quantize a full-precision checkpoint's weights as they load (``"int4"``, ...; the field's
+    description lists the methods); None keeps the checkpoint's own precision. Models asking for
+    different methods hold different engines."""
     stop: list[str] | None = Field(default=None, alias="stop_sequences")
     streaming: bool = False
     timeout: float | None = None
@@ -72,6 +79,7 @@ class ChatDLM(create_model("_ChatDLMKnobs", __base__=BaseChatModel, **knob_field
     @model_validator(mode="after")
     def _knobs_in_range(self) -> "ChatDLM":
         check_knob_values({**self._knobs, "stop": self.stop}, "ChatDLM")
+        check_quantization(self.quantization)           # at construction, like a knob, not at the first call
         return self
 
     def close(self) -> None:
@@ -95,7 +103,9 @@ class ChatDLM(create_model("_ChatDLMKnobs", __base__=BaseChatModel, **knob_field
     @property
     def _identifying_params(self) -> dict[str, Any]:
         # LangChain's response cache keys on these (its own "stop" key is the per-call one).
-        return {"model": self.model or default_model(), **self._knobs, "stop_sequences": self.stop}
+        # Quantized weights answer differently, so a cached full-precision answer is not theirs.
+        return {"model": self.model or default_model(), "quantization": self.quantization, **self._knobs,
+                "stop_sequences": self.stop}
 
     def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
         params = super()._get_ls_params(stop=stop, **kwargs)
@@ -120,13 +130,13 @@ class ChatDLM(create_model("_ChatDLMKnobs", __base__=BaseChatModel, **knob_field
 
     def get_token_ids(self, text: str) -> list[int]:
         """``text`` in the model's own tokens (its tokenizer alone is read: no weights load)."""
-        return model_tokenizer(self.model, self._handles, self.device).encode(text)
+        return model_tokenizer(self.model, self._handles, self.device, self.quantization).encode(text)
 
     def get_num_tokens_from_messages(self, messages: list[BaseMessage], tools=None) -> int:
         """The tokens these messages (and tools) take as a prompt, chat template included: what the
         reply's ``usage_metadata["input_tokens"]`` reports for them (trim_messages counts with it)."""
-        return chat.count_prompt_tokens(model_tokenizer(self.model, self._handles, self.device),
-                                        convert_to_openai_messages(messages),
+        tokenizer = model_tokenizer(self.model, self._handles, self.device, self.quantization)
+        return chat.count_prompt_tokens(tokenizer, convert_to_openai_messages(messages),
                                         [convert_to_openai_tool(t) for t in tools or []] or None)
 
     # -- request building ---------------------------------------------------------------------
@@ -138,7 +148,7 @@ class ChatDLM(create_model("_ChatDLMKnobs", __base__=BaseChatModel, **knob_field
         call = {k: kwargs.pop(k) for k in CALL_ARGS if k in kwargs}
         if stop is not None:
             kwargs["stop"] = stop
-        llm = self._handles.get(model, self.device)
+        llm = self._handles.get(model, self.device, self.quantization)
         params = chat.request_params(llm, {**self._knobs, "stop": self.stop}, kwargs, taken=FRAMEWORK_TAKEN,
                                      where="ChatDLM call")
         request = chat.ChatRequest.from_call(convert_to_openai_messages(messages), params, call)

@@ -3,7 +3,10 @@
 Install with ``pip install "dlm_backend[litellm]"``. ``dlm/default`` (or ``dlm/dlm-tiny``) is the
 embedded model; ``dlm/<folder or hub id>`` any other. Diffusion knobs (``steps``, ``block_length``,
 ``sampler``, ``threshold``, ``kv_cache``, ...) pass as extra keyword arguments; a misspelled one is
-an error naming the nearest. The first call for a model loads it; ``provider.close()`` gives the
+an error naming the nearest. ``quantization`` (``"int8"``, ``"int4"``, ``"fp8"``) is a model option,
+not a knob: given to ``completion`` or in a Router's or the proxy's ``litellm_params`` (LiteLLM hands
+both over as ``optional_params``), it picks an engine whose weights were quantized as they loaded,
+one per model and method. The first call for a model loads it; ``provider.close()`` gives the
 engines back (a later call loads again).
 
 Errors are LiteLLM's own exceptions, as its built-in providers raise them: a refused request is a
@@ -37,6 +40,7 @@ from dlm_backend.adapters.common import Handles, model_tokenizer, off_loop
 from dlm_backend.engine.checkpoint.files import MAX_TOKENIZER_BYTES, read_checkpoint_file
 from dlm_backend.engine.checkpoint.folder import EMBEDDED_MODEL, context_length, default_model, resolve_checkpoint
 from dlm_backend.engine.params import FRAMEWORK_TAKEN
+from dlm_backend.engine.quant.methods import check_quantization
 from dlm_backend.errors import (CheckpointError, ContextLengthError, DLMError, EngineError, ModelNotFoundError,
                                 PluginError, QueueFullError, RequestTimeoutError, UnknownArchitectureError)
 
@@ -62,7 +66,12 @@ def _request(handles: Handles, model: str, messages: list, optional_params: dict
     params.update(params.pop("extra_body", None) or {})
     chat.refuse_unsupported(params)
     call = {k: params.pop(k) for k in (*CALL_ARGS, *chat.UNSUPPORTED) if k in params}
-    llm = handles.get(model_path(model))
+    quantization = params.pop("quantization", None)       # the engine's, not the request's: never a knob
+    try:
+        check_quantization(quantization)
+    except DLMError as exc:                                # a 400 naming the field, before anything loads
+        raise DLMError(str(exc), param="quantization") from None
+    llm = handles.get(model_path(model), quantization=quantization)
     sampling = chat.request_params(llm, params, taken=FRAMEWORK_TAKEN, where="litellm.completion")
     return chat.Plan(llm, chat.ChatRequest.from_call(messages, sampling, call))
 

@@ -23,11 +23,12 @@ from llama_index.core.llms.function_calling import FunctionCallingLLM
 from llama_index.core.llms.llm import ToolSelection
 
 from dlm_backend import chat
-from dlm_backend.adapters.common import (KNOB_FIELDS, Handles, check_knob_values, constructor_args, display_name,
-                                         knob_fields, model_tokenizer, off_loop)
+from dlm_backend.adapters.common import (KNOB_FIELDS, QUANTIZATION_DOC, Handles, check_knob_values, constructor_args,
+                                         display_name, knob_fields, model_tokenizer, off_loop)
 from dlm_backend.adapters.llamaindex_stream import Accumulator, overflow, partial_kwargs
 from dlm_backend.engine.checkpoint.folder import context_length, default_model
 from dlm_backend.engine.params import DEFAULTS, FRAMEWORK_TAKEN
+from dlm_backend.engine.quant.methods import check_quantization
 from dlm_backend.errors import ContextLengthError, DLMError
 
 #: Keyword arguments LlamaIndex passes besides knobs (chat_with_tools, structured_predict).
@@ -39,7 +40,9 @@ class DLM(create_model("_DLMKnobs", __base__=FunctionCallingLLM, **knob_fields(F
 
     Every diffusion knob of the knob table is a field (``sampler``, ``threshold``, ``block_length``,
     ``steps``, ``kv_cache``, ...); left ``None`` it takes the checkpoint's default, else the table's.
-    A misspelled or out-of-range argument is a DLMError at construction.
+    A misspelled or out-of-range argument is a DLMError at construction. ``quantization`` quantizes a
+    full-precision checkpoint's weights as they load; models asking for different methods hold
+    different engines.
 
     LlamaIndex's splitters and prompt packing count tokens with ``Settings.tokenizer`` (tiktoken
     unless set), but ``metadata.context_window`` is in this model's tokens: dlm-tiny's vocabulary is
@@ -51,6 +54,7 @@ class DLM(create_model("_DLMKnobs", __base__=FunctionCallingLLM, **knob_fields(F
 
     model: str | None = Field(default=None, description="checkpoint folder or hub id (default: dlm-tiny)")
     device: str | None = Field(default=None)
+    quantization: str | None = Field(default=None, description=QUANTIZATION_DOC)
     additional_kwargs: dict[str, Any] = Field(default_factory=dict, description="more knobs, by name")
     timeout: float | None = Field(default=None, description="seconds a call may take, its first load included")
     _context_window: int | None = PrivateAttr(default=None)
@@ -69,6 +73,7 @@ class DLM(create_model("_DLMKnobs", __base__=FunctionCallingLLM, **knob_fields(F
     def _knobs_in_range(self) -> "DLM":
         check_knob_values({name: getattr(self, name) for name in KNOB_FIELDS}, "DLM")
         check_knob_values(self.additional_kwargs, "DLM additional_kwargs")
+        check_quantization(self.quantization)           # at construction, like a knob, not at the first call
         return self
 
     @property
@@ -78,7 +83,7 @@ class DLM(create_model("_DLMKnobs", __base__=FunctionCallingLLM, **knob_fields(F
         return self._count_tokens
 
     def _count_tokens(self, text: str) -> list[int]:
-        return model_tokenizer(self.model, self._handles, self.device).encode(text)
+        return model_tokenizer(self.model, self._handles, self.device, self.quantization).encode(text)
 
     def close(self) -> None:
         """Give this model's engine handle back; the last handle on an engine frees its weights."""
@@ -90,7 +95,7 @@ class DLM(create_model("_DLMKnobs", __base__=FunctionCallingLLM, **knob_fields(F
 
     @property
     def _llm(self):
-        return self._handles.get(self.model, self.device)
+        return self._handles.get(self.model, self.device, self.quantization)
 
     @property
     def metadata(self) -> LLMMetadata:

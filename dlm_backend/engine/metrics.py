@@ -75,7 +75,19 @@ class MemoryReport:
     quantized: dict[str, int]           # kind ("int4 g128", "fp8 per-channel, token activations") -> weights
 
     def __str__(self) -> str:
-        gib = 2 ** 30
         kinds = ", ".join(f"{n} x {k}" for k, n in sorted(self.quantized.items())) or "none quantized"
-        return (f"weights {self.weight_bytes / gib:.2f} GiB ({kinds}); KV cache {self.kv_cache_bytes / gib:.2f} GiB "
+        return (f"weights {human_bytes(self.weight_bytes)} ({kinds}); KV cache {human_bytes(self.kv_cache_bytes)} "
                 f"({self.kv_pages} pages of {self.page_size} positions)")
+
+
+def human_bytes(n: int) -> str:
+    """``n`` bytes in the largest binary unit that keeps it at least 1 ("512 B", "23.4 MiB", "1.00 GiB"),
+    with three significant digits: a tiny model's weights in GiB read "0.00"."""
+    value, unit = float(n), "B"
+    for larger in ("KiB", "MiB", "GiB", "TiB"):
+        if round(value) < 1024:           # 1023.98 KiB reads "1.00 MiB", not "1024 KiB"
+            break
+        value, unit = value / 1024, larger
+    if unit == "B":
+        return f"{n} B"
+    return f"{value:.2f} {unit}" if value < 10 else f"{value:.1f} {unit}" if value < 100 else f"{value:.0f} {unit}"

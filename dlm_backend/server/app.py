@@ -84,17 +84,21 @@ def create_app(model: str | None = None, served_name: str | None = None, device:
     async def metrics():
         return Response(metrics_text(registry), media_type=CONTENT_TYPE)
 
-    cards = [{"id": n, "object": "model", "created": 0, "owned_by": "dlm_backend"} for n in names]
+    def card(name: str) -> dict:
+        # OpenAI's model object, plus the engine's facts under "dlm" (as responses carry theirs):
+        # clients read the fields they know and ignore the rest. Built per request, since the memory
+        # figures appear once the model has loaded.
+        return {"id": name, "object": "model", "created": 0, "owned_by": "dlm_backend", "dlm": served.engine_facts()}
 
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": cards}
+        return {"object": "list", "data": [card(n) for n in names]}
 
     @app.get("/v1/models/{model_id:path}")      # client.models.retrieve; hub ids hold a "/"
     async def model(model_id: str):
         if model_id not in names:
             raise _NotServed(model_id)
-        return cards[names.index(model_id)]
+        return card(model_id)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, http: Request):

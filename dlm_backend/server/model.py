@@ -17,6 +17,7 @@ whose stream then carries an error (the engine refuses no request a server slot 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import threading
 
@@ -99,7 +100,8 @@ class ServedModel:
             if self._llm is None:
                 llm = LLM(self.cfg.model, device=self.cfg.device, dtype=self.cfg.dtype,
                           kv_cache_memory=self.cfg.kv_cache_memory, prefix_caching=self.cfg.prefix_caching,
-                          tensor_parallel_size=self.cfg.tensor_parallel_size, **self.cfg.limits)
+                          tensor_parallel_size=self.cfg.tensor_parallel_size, quantization=self.cfg.quantization,
+                          **self.cfg.limits)
                 try:
                     if llm.engine.tokenizer is not None:     # the prompt-length bound, before requests
                         longest_token(llm.engine.tokenizer)
@@ -109,6 +111,21 @@ class ServedModel:
                 self._forget = llm.engine.add_holder(lambda: self.held)
                 self._llm = llm
         return self._llm
+
+    def engine_facts(self) -> dict:
+        """What ``/v1/models`` reports of the engine under its ``dlm`` key: the quantization method
+        asked for and, once the model is loaded, where its memory went (``MemoryReport``'s fields)."""
+        facts: dict = {"quantization": self.cfg.quantization}
+        if self._llm is not None:
+            facts["memory"] = dataclasses.asdict(self._llm.engine.memory)
+        return facts
+
+    def summary(self) -> str:
+        """The loaded model in one line, for ``dlm serve``'s start-up: names, quantization, memory."""
+        llm = self.llm()
+        names = ", ".join(self.cfg.served_names)
+        return (f"{names} loaded on {llm.engine.device} (quantization {self.cfg.quantization or 'none'}): "
+                f"{llm.engine.memory}")
 
     async def load(self) -> LLM:
         return self._llm or await asyncio.to_thread(self.llm)

@@ -35,6 +35,7 @@ class ServerConfig:
     kv_cache_memory: int | None = None      # bytes of KV pages (default: the engine's, see EngineConfig)
     prefix_caching: bool | None = None      # share identical prompt prefixes (default: on)
     tensor_parallel_size: int | None = None  # devices the model splits over (default: one)
+    quantization: str | None = None         # a METHODS name (engine/quant), applied on load (default: none)
     #: Host header values accepted when no API key is set (DNS rebinding: a web page's script can
     #: reach a loopback server under its own host name); None checks nothing.
     allowed_hosts: list[str] | None = field(default_factory=lambda: list(LOOPBACK_NAMES))
@@ -47,9 +48,10 @@ class ServerConfig:
             if name not in names:
                 raise unknown_field(name, names, "server limit", kind="limits")
         EngineLimits(**{**vars(EngineLimits()), **{k: v for k, v in self.limits.items() if v is not None}})
-        # The engine's own checks of what this server builds it from (dtype, device, KV budget, devices).
+        # The engine's own checks of what this server builds it from (dtype, device, KV budget, devices,
+        # quantization method), so a bad value stops the server at start, even with --lazy.
         EngineConfig(model=self.model or "", device=self.device, dtype=self.dtype, kv_cache_memory=self.kv_cache_memory,
-                     tensor_parallel_size=self.tensor_parallel_size or 1)
+                     tensor_parallel_size=self.tensor_parallel_size or 1, quantization=self.quantization)
 
     @property
     def served_names(self) -> list[str]:
