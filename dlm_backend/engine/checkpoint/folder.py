@@ -1,8 +1,10 @@
 """A checkpoint's folder: found locally or fetched from the hub, its config.json read and its
-safetensors files listed (checkpoint/weights.py fills the model from them).
+safetensors files listed (checkpoint/weights.py fills the model from them). A GGUF file (llama.cpp's
+format), or a folder holding one and no config.json, is a checkpoint too: its metadata stands in for
+config.json (checkpoint/gguf_file.py).
 
-Only safetensors are ever listed; a folder of pickle checkpoints (.bin/.pt/.pth) is refused, and no
-remote code is executed.
+Only safetensors and GGUF are ever read; a folder of pickle checkpoints (.bin/.pt/.pth) is refused, and
+no remote code is executed.
 """
 
 from __future__ import annotations
@@ -31,24 +33,29 @@ def default_model() -> str:
 
 def resolve_checkpoint(model: str | os.PathLike, revision: str | None = None,
                        patterns: list[str] = HUB_PATTERNS) -> Path:
-    """A local folder holding the checkpoint: ``model`` itself, or a hub snapshot of it.
+    """A local folder holding the checkpoint: ``model`` itself, or a hub snapshot of it; or a GGUF
+    file (``model`` itself, or the one .gguf of a folder that has no config.json).
 
     Hub downloads go through huggingface_hub, so ``HF_HUB_OFFLINE``, ``HF_HOME`` and the local cache
     behave as everywhere else in the HF ecosystem. ``patterns`` limits what a download fetches.
     """
     path = Path(model).expanduser()
     if path.is_dir():
-        return path
+        return _gguf_in(path) or path
     if path.resolve() == EMBEDDED_MODEL:
         raise ModelNotFoundError(
             "No model was named and the embedded dlm-tiny checkpoint is not built in this install. "
             "Pass a model (a folder or hub id such as 'GSAI-ML/LLaDA-8B-Instruct'), set DLM_MODEL, or "
             f"build dlm-tiny with `dlm train` and copy its model/ folder to {EMBEDDED_MODEL}.")
     name = str(model)
-    if path.is_file() and path.suffix.lower() == ".gguf":
-        raise CheckpointError(_GGUF.format(what=f"{name!r} is a GGUF file"))
+    if is_gguf(path):
+        return path
     if path.is_file():
-        raise ModelNotFoundError(f"{name!r} is a file; pass the folder that holds it ({str(path.parent)!r}).")
+        raise ModelNotFoundError(f"{name!r} is a file; pass the folder that holds it ({str(path.parent)!r}), or a "
+                                 ".gguf file.")
+    if path.suffix.lower() == ".gguf" and not path.exists():       # else asked of the hub as a repository id
+        raise ModelNotFoundError(f"GGUF file {name!r} does not exist. Pass an existing .gguf file or checkpoint "
+                                 "folder.")
     if path.exists() or name.startswith((".", "/", "~")) or name.count("/") > 1:
         raise ModelNotFoundError(f"Model folder {name!r} does not exist. Pass an existing checkpoint "
                                  "folder or a hub id like 'GSAI-ML/LLaDA-8B-Instruct'.")
@@ -77,6 +84,38 @@ def resolve_checkpoint(model: str | os.PathLike, revision: str | None = None,
                                  "the network and proxy settings, or pass a local checkpoint folder.") from exc
 
 
+def is_gguf(path: Path) -> bool:
+    """Whether ``path`` (as :func:`resolve_checkpoint` returns it) is a GGUF file, not a folder."""
+    return path.suffix.lower() == ".gguf" and path.is_file()
+
+
+def _gguf_in(folder: Path) -> Path | None:
+    """The one .gguf of a folder without config.json (None when there is a config.json or no .gguf);
+    several are refused by name, since which one is meant (a quantization, a split part, a vision
+    projector) is the caller's choice."""
+    if os.path.lexists(folder / "config.json"):
+        return None
+    found = sorted(p.name for p in folder.iterdir() if p.suffix.lower() == ".gguf")
+    if len(found) > 1:
+        shown = ", ".join(found[:8]) + (f" and {len(found) - 8} more" if len(found) > 8 else "")
+        raise CheckpointError(f"{folder} holds {len(found)} GGUF files ({shown}) and no config.json. Pass the one "
+                              f"to load, e.g. {str(folder / found[0])!r}; a model split into parts must be merged "
+                              "first (llama.cpp: llama-gguf-split --merge).")
+    if not found:
+        return None
+    checkpoint_file(folder, found[0])     # inside the folder and a regular file (a hub cache's links to blobs/ too)
+    return folder / found[0]
+
+
+def checkpoint_config(path: Path) -> dict:
+    """The config.json of a resolved checkpoint: a GGUF file's from its metadata, else the folder's."""
+    if is_gguf(path):
+        from dlm_backend.engine.checkpoint.gguf_file import gguf_config      # imports sources.py, which imports us
+
+        return gguf_config(path)
+    return read_config(path)
+
+
 def _offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes")
 
@@ -85,8 +124,6 @@ def read_config(folder: Path) -> dict:
     """config.json (with generation_config.json under ``_generation_config``), refused with a
     CheckpointError naming the format when the weights are quantized in one this engine does not read."""
     config = read_json(folder, "config.json")
-    if config is None and any(folder.glob("*.gguf")):
-        raise CheckpointError(_GGUF.format(what=f"{folder} holds GGUF files and no config.json"))
     if config is None:
         raise CheckpointError(f"{folder} has no config.json. Point at the folder that holds the "
                               "checkpoint's config.json and safetensors files.")
@@ -95,10 +132,6 @@ def read_config(folder: Path) -> dict:
     if generation is not None:
         config["_generation_config"] = generation
     return config
-
-
-_GGUF = ("{what}: GGUF (llama.cpp's format) is not read by this engine yet. Use the model's safetensors "
-         "release (a folder with config.json and *.safetensors).")
 
 
 def read_json(folder: Path, name: str) -> dict | None:
@@ -118,12 +151,13 @@ def read_json(folder: Path, name: str) -> dict | None:
 
 
 def context_length(model: str, revision: str | None = None) -> int:
-    """The model's context window from its config.json alone: no weights are read or downloaded.
+    """The model's context window from its config.json (or GGUF metadata) alone: no weights are read
+    or downloaded.
 
     Frameworks ask for it before the first request (LlamaIndex's ``metadata``), often on an event
     loop, where loading an 8B checkpoint would stall everything for tens of seconds.
     """
-    config = read_config(resolve_checkpoint(model, revision, patterns=["*.json"]))
+    config = checkpoint_config(resolve_checkpoint(model, revision, patterns=["*.json"]))
     return from_config_json(resolve_model_class(config).args_from_config, config).max_positions
 
 

@@ -1,4 +1,4 @@
-"""Everything an engine needs from a checkpoint folder, opened and checked in one place."""
+"""Everything an engine needs from a checkpoint (a folder, or a GGUF file), opened and checked in one place."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from dlm_backend.engine.checkpoint.folder import read_config, resolve_checkpoint
+from dlm_backend.engine.checkpoint.folder import is_gguf, read_config, resolve_checkpoint
 from dlm_backend.engine.checkpoint.tokenizer import Tokenizer
 from dlm_backend.engine.checkpoint.weights import load_model
 from dlm_backend.engine.engine_config import EngineConfig
@@ -20,7 +20,8 @@ from dlm_backend.errors import CheckpointError
 
 @dataclass
 class Checkpoint:
-    """A loaded checkpoint: its folder and config, the model on its device, tokenizer and special tokens."""
+    """A loaded checkpoint: its folder (or GGUF file) and config, the model on its device, tokenizer and
+    special tokens."""
 
     folder: Path
     hf_config: dict
@@ -40,24 +41,47 @@ def open_checkpoint(config: EngineConfig, tp: TPGroup | None = None) -> Checkpoi
     """Resolve, read, check and load the checkpoint ``config`` names (a DLMError naming the problem).
     With a tensor-parallel group, this rank's shard loads while the workers load theirs."""
     folder = resolve_checkpoint(config.model, config.revision)
-    hf_config = {**read_config(folder), **config.config_overrides}
+    gguf = _open_gguf(folder)
+    hf_config = {**(gguf.config() if gguf else read_config(folder)), **config.config_overrides}
     # Checked before the weights load, so a bad file fails fast.
     defaults = checkpoint_defaults(hf_config.get("_generation_config", {}), str(folder / "generation_config.json"))
-    model = load_shard(config, folder, hf_config, tp)
+    model = load_shard(config, folder, hf_config, tp, gguf)
     # The family's reference set-up first (LLaDA2: llada2 at 0.95), the checkpoint's own on top; a
     # checkpoint naming another sampler replaces it whole.
     defaults = layered(type(model).family_defaults(hf_config.get("_generation_config", {})), defaults)
-    # No tokenizer.json: token ids only. One that is there but broken (or a link out of the folder,
-    # or to nothing) is an error, not "absent".
-    tokenizer = Tokenizer(folder) if os.path.lexists(folder / "tokenizer.json") else None
+    tokenizer = gguf.tokenizer() if gguf else checkpoint_tokenizer(folder)
     return Checkpoint(folder, hf_config, defaults, model, tokenizer, _token_info(model, hf_config, tokenizer))
 
 
-def load_shard(config: EngineConfig, folder: Path, hf_config: dict, tp: TPGroup | None) -> DiffusionLM:
-    """The model (this rank's shard under tensor parallelism; every rank fails together) on its device."""
+def _open_gguf(path: Path):
+    """The opened GGUF file when the checkpoint is one (read once for config, weights and tokenizer)."""
+    if not is_gguf(path):
+        return None
+    from dlm_backend.engine.checkpoint.gguf_file import GGUFFile     # the gguf package only for GGUF checkpoints
+
+    return GGUFFile(path)
+
+
+def checkpoint_tokenizer(path: Path) -> Tokenizer | None:
+    """A resolved checkpoint's tokenizer: a GGUF file's from its metadata, a folder's from
+    tokenizer.json. None: none there, token ids only; one that is there but broken (or a link out of
+    the folder, or to nothing) is an error, not "absent"."""
+    if is_gguf(path):
+        return _open_gguf(path).tokenizer()
+    return Tokenizer(path) if os.path.lexists(path / "tokenizer.json") else None
+
+
+def load_shard(config: EngineConfig, folder: Path, hf_config: dict, tp: TPGroup | None, gguf=None) -> DiffusionLM:
+    """The model (this rank's shard under tensor parallelism; every rank fails together) on its device.
+    ``gguf``: the checkpoint's GGUF file when open already (else opened here when ``folder`` is one)."""
+    def load(device, group):
+        file = gguf or _open_gguf(folder)          # inside agree(): a file one rank cannot read fails them all
+        return load_model(folder, hf_config, device, config.torch_dtype, group, config.quantization,
+                          file.source() if file else None)
+
     if tp is None:
-        return load_model(folder, hf_config, config.torch_device, config.torch_dtype, quantization=config.quantization)
-    return agree(tp, lambda: load_model(folder, hf_config, tp.device, config.torch_dtype, tp, config.quantization))
+        return load(config.torch_device, None)
+    return agree(tp, lambda: load(tp.device, tp))
 
 
 def _token_info(model: DiffusionLM, hf_config: dict, tokenizer: Tokenizer | None) -> TokenInfo:

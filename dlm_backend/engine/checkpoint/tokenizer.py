@@ -1,4 +1,5 @@
-"""Tokenizer (tokenizers library) and chat template (sandboxed Jinja) read from a checkpoint folder."""
+"""Tokenizer (tokenizers library) and chat template (sandboxed Jinja) read from a checkpoint folder, or
+built in memory from a GGUF file's metadata (:meth:`Tokenizer.from_parts`, checkpoint/gguf_tokenizer.py)."""
 
 from __future__ import annotations
 
@@ -106,8 +107,21 @@ class Tokenizer:
             raise TokenizerError(f"{folder}'s tokenizer files do not load ({type(exc).__name__}: "
                                  f"{str(exc)[:200]}). Re-download the checkpoint or replace tokenizer.json / "
                                  "tokenizer_config.json.") from None
+        self._setup(self._find_templates(folder))
+
+    @classmethod
+    def from_parts(cls, tok: HFTokenizer, config: dict, templates: dict[str, str]) -> Tokenizer:
+        """A tokenizer built in memory (a GGUF file's vocabulary): ``config`` holds what
+        tokenizer_config.json would (its special-token fields), ``templates`` name -> chat template,
+        "default" the plain one."""
+        self = cls.__new__(cls)
+        self._tok, self.config = tok, config
+        self._setup(dict(templates))
+        return self
+
+    def _setup(self, templates: dict[str, str]) -> None:
         self.special_tokens = {k: _content(self.config.get(k)) for k in SPECIAL_KEYS if self.config.get(k)}
-        self.templates = self._find_templates(folder)
+        self.templates = templates
         self._compiled: dict[str, jinja2.Template] = {}
         self._special_ids = {i for i, t in self._tok.get_added_tokens_decoder().items() if t.special}
         self._env = BoundedSandbox()
@@ -143,6 +157,10 @@ class Tokenizer:
     @property
     def vocab_size(self) -> int:
         return self._tok.get_vocab_size(with_added_tokens=True)
+
+    def to_json(self) -> str:
+        """The tokenizer as tokenizer.json text (a GGUF file's, rebuilt from its metadata, included)."""
+        return self._tok.to_str()
 
     def token_id(self, token: str | None) -> int | None:
         return None if token is None else self._tok.token_to_id(token)

@@ -10,6 +10,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 from tqdm.auto import tqdm
 
+from dlm_backend.engine.checkpoint.folder import is_gguf
 from dlm_backend.engine.checkpoint.placement import Placement
 from dlm_backend.engine.checkpoint.sources import SafetensorsSource, TensorSource
 from dlm_backend.engine.models.base import DiffusionLM
@@ -53,7 +54,8 @@ def load_model(folder: Path, config: dict, device: torch.device, dtype: torch.dt
     if tp is not None and tp.world > 1 and not cls.tensor_parallel:
         raise DLMError(f"{cls.__name__} does not split over devices yet: run it with tensor_parallel_size=1 "
                        f"(asked: {tp.world}).")
-    fmt = checkpoint_format(config, f"{folder}/config.json") if source is None else None
+    where = f"{folder}'s metadata" if is_gguf(folder) else f"{folder}/config.json"
+    fmt = checkpoint_format(config, where) if source is None else None
     if fmt is not None and quantization is not None:
         raise CheckpointError(f"{folder} is already quantized ({fmt.method}); load it without quantization= "
                               f"(asked: {quantization!r}).")
@@ -61,8 +63,8 @@ def load_model(folder: Path, config: dict, device: torch.device, dtype: torch.dt
     num_layers = from_config_json(cls.args_from_config, config).num_layers
     found = source.layer_count()    # before anything is built: num_hidden_layers 10**7 built layers for hours
     if found is not None and found != num_layers:
-        raise CheckpointError(f"{folder}/config.json says {num_layers} layers but the weights hold {found}. The "
-                              "config.json and weights disagree: fix num_hidden_layers or re-download.")
+        raise CheckpointError(f"{where} says {num_layers} layers but the weights hold {found}. The config and "
+                              "weights disagree: fix num_hidden_layers or re-download.")
     with _NoMetaInit(), torch.device("meta"), building(tp):
         model = from_config_json(cls.from_config, config)
     # Read straight onto the target device; the dtype cast then runs there too.

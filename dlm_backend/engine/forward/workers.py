@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from dlm_backend.engine.checkpoint.folder import read_config, resolve_checkpoint
+from dlm_backend.engine.checkpoint.folder import checkpoint_config, resolve_checkpoint
 from dlm_backend.engine.checkpoint.load import load_shard
 from dlm_backend.engine.engine_config import EngineConfig
 from dlm_backend.engine.forward.runner import ModelRunner
@@ -223,7 +223,7 @@ def shard_runner(config: EngineConfig, tp: TPGroup, triton: bool) -> ModelRunner
     """A worker's runner: its shard of the checkpoint and a KV pool of the engine's page count (no
     tokenizer, no sampler: rank 0 decides everything)."""
     folder = resolve_checkpoint(config.model, config.revision)
-    model = load_shard(config, folder, {**read_config(folder), **config.config_overrides}, tp)
+    model = load_shard(config, folder, {**checkpoint_config(folder), **config.config_overrides}, tp)
     pool = make_pool(model, config.kv_cache_memory, config.torch_dtype, tp.device, tp)
     return ModelRunner(model, tp.device, config.torch_dtype, None, pool, triton)
 

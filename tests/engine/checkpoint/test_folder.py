@@ -234,10 +234,12 @@ def test_a_quantized_checkpoint_in_a_format_not_read_is_refused_naming_it(tmp_pa
         LLM(str(folder))
 
 
-def test_a_gguf_file_or_folder_is_refused_naming_the_format(tmp_path):
+def test_a_broken_gguf_file_or_folder_is_refused_naming_the_file(tmp_path):
+    """A .gguf that is not a whole GGUF file (a truncated header, or not GGUF at all), given itself or
+    as the one .gguf of a folder without config.json. Readable ones: test_gguf.py."""
     gguf = tmp_path / "dream-q4_k_m.gguf"
-    gguf.write_bytes(b"GGUF\x03\x00\x00\x00")
-    with pytest.raises(CheckpointError, match="is a GGUF file: GGUF \\(llama.cpp's format\\) is not read"):
-        LLM(str(gguf))
-    with pytest.raises(CheckpointError, match="holds GGUF files and no config.json"):
-        LLM(str(tmp_path))
+    for data in (b"GGUF\x03\x00\x00\x00", b"<html>not found</html>"):
+        gguf.write_bytes(data)
+        for model in (gguf, tmp_path):
+            with pytest.raises(CheckpointError, match=f"{gguf} is not a readable GGUF file .*re-download it"):
+                LLM(str(model)).engine
