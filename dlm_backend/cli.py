@@ -193,7 +193,7 @@ def cmd_models(args) -> int:
 def cmd_parity(args) -> int:
     from dlm_backend.parity import main as parity
 
-    return parity(args.folders, replay=args.replay, device=args.device)
+    return parity(args.folders, replay=args.replay, device=args.device, model=args.model)
 
 
 def cmd_plugins(args) -> int:
@@ -265,6 +265,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--replay", action="store_true",
                    help="hand the engine the random draws a sampled reference run recorded (default: same seed)")
     p.add_argument("--device", default=None, help="cpu (default) or cuda")
+    p.add_argument("--model", default=None, metavar="FILE.gguf",
+                   help="run the one fixture's cases on these weights instead of its own (a GGUF file written from it)")
     p.set_defaults(func=cmd_parity)
     load_plugins().hook.register_commands(subparsers=sub)
     return parser

@@ -13,6 +13,7 @@ from typing import Any
 
 from dlm_backend.chat import Deadline
 from dlm_backend.engine.checkpoint.folder import EMBEDDED_MODEL, default_model, resolve_checkpoint
+from dlm_backend.engine.checkpoint.load import checkpoint_tokenizer
 from dlm_backend.engine.checkpoint.tokenizer import Tokenizer
 from dlm_backend.engine.params import (DEFAULTS, FRAMEWORK_NAMES, FRAMEWORK_TAKEN, KNOB_NAMES, KNOBS, knob_values,
                                        unknown_field)
@@ -169,10 +170,10 @@ def model_tokenizer(model: str | None, handles: "Handles | None" = None, device:
 
 @functools.lru_cache(maxsize=16)
 def _tokenizer_of(model: str) -> Tokenizer:
-    folder = resolve_checkpoint(model, patterns=["*.json", "*.jinja", "tokenizer*"])
-    if not (folder / "tokenizer.json").exists():
-        raise TokenizerError(f"{model} has no tokenizer.json, so its tokens cannot be counted.")
-    return Tokenizer(folder)
+    tokenizer = checkpoint_tokenizer(resolve_checkpoint(model, patterns=["*.json", "*.jinja", "tokenizer*"]))
+    if tokenizer is None:               # a folder without tokenizer.json, a GGUF file without a vocabulary
+        raise TokenizerError(f"{model} has no tokenizer, so its tokens cannot be counted.")
+    return tokenizer
 
 
 async def off_loop(deadline: Deadline, work, *args):

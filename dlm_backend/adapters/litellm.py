@@ -38,7 +38,9 @@ from litellm.types.utils import Choices, GenericStreamingChunk, Message, ModelRe
 from dlm_backend import chat
 from dlm_backend.adapters.common import Handles, model_tokenizer, off_loop
 from dlm_backend.engine.checkpoint.files import MAX_TOKENIZER_BYTES, read_checkpoint_file
-from dlm_backend.engine.checkpoint.folder import EMBEDDED_MODEL, context_length, default_model, resolve_checkpoint
+from dlm_backend.engine.checkpoint.folder import (EMBEDDED_MODEL, context_length, default_model, is_gguf,
+                                                  resolve_checkpoint)
+from dlm_backend.engine.checkpoint.load import checkpoint_tokenizer
 from dlm_backend.engine.params import FRAMEWORK_TAKEN
 from dlm_backend.engine.quant.methods import check_quantization
 from dlm_backend.errors import (CheckpointError, ContextLengthError, DLMError, EngineError, ModelNotFoundError,
@@ -222,10 +224,14 @@ def tokenizer(model: str = "dlm/default") -> dict:
     """The model's tokenizer for ``litellm.token_counter(model=..., custom_tokenizer=tokenizer(model),
     messages=...)``, LiteLLM's hook for a model's own tokenizer (without it LiteLLM counts with
     tiktoken). LiteLLM adds OpenAI's per-message framing; :func:`token_counter` is exact."""
-    folder = resolve_checkpoint(model_path(model) or default_model(), patterns=["tokenizer*"])
-    data = read_checkpoint_file(folder, "tokenizer.json", MAX_TOKENIZER_BYTES)   # bounded, inside the folder
+    path = resolve_checkpoint(model_path(model) or default_model(), patterns=["tokenizer*"])
+    if is_gguf(path):                   # the vocabulary lives in the file's metadata
+        tok = checkpoint_tokenizer(path)
+        data = None if tok is None else tok.to_json().encode()
+    else:
+        data = read_checkpoint_file(path, "tokenizer.json", MAX_TOKENIZER_BYTES)   # bounded, inside the folder
     if data is None:
-        raise DLMError(f"{model} has no tokenizer.json, so its tokens cannot be counted.", param="model")
+        raise DLMError(f"{model} has no tokenizer, so its tokens cannot be counted.", param="model")
     return litellm.create_tokenizer(data.decode("utf-8"))
 
 

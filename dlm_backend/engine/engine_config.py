@@ -112,7 +112,7 @@ class EngineConfig:
     @property
     def key(self) -> tuple:
         """Engines are shared per key: the same weights on the same device, run the same way."""
-        return (os.path.abspath(self.model) if os.path.isdir(self.model) else self.model, str(self.torch_device),
+        return (os.path.abspath(self.model) if os.path.exists(self.model) else self.model,   # a folder or a GGUF file str(self.torch_device),
                 self.torch_dtype, self.revision, self.kernels, self.cuda_graphs, self.kv_cache_memory,
                 self.prefix_caching, self.tensor_parallel_size, self.quantization,
                 json.dumps(self.config_overrides, sort_keys=True, default=str))

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
+from dlm_backend.engine.checkpoint.folder import checkpoint_config, resolve_checkpoint
 from dlm_backend.engine.engine import LLMEngine
 from dlm_backend.engine.engine_config import EngineConfig
 from dlm_backend.errors import CheckpointError, DLMError
@@ -57,13 +58,15 @@ class Result:
         return f"{status} {self.fixture}: {self.name}" + (f" ({detail})" if detail else "")
 
 
-def _engine(folder: Path, cases: dict, device: str | None) -> LLMEngine:
-    config = json.loads((folder / "config.json").read_text())
+def _engine(folder: Path, cases: dict, device: str | None, model: str | Path | None = None) -> LLMEngine:
+    """The engine on the fixture's checkpoint, or on ``model`` (the same weights in another form: a
+    GGUF file written from the fixture) checked against the fixture's recorded runs."""
+    config = checkpoint_config(resolve_checkpoint(model or folder))
     overrides = {}
     if "mask_token_id" not in config and "mask_token_id" in cases:       # LLaDA2's lives in its tokenizer
         overrides["mask_token_id"] = cases["mask_token_id"]
     # Cases rerun the same prompts; shared prefixes would only save passes the reference counts.
-    return LLMEngine(EngineConfig(str(folder), device=device or "cpu", dtype="float32",
+    return LLMEngine(EngineConfig(str(model or folder), device=device or "cpu", dtype="float32",
                                   config_overrides=overrides, prefix_caching=False))
 
 
@@ -90,14 +93,16 @@ def _case_name(i: int, case: dict) -> str:
     return f"#{i} {case.get('name') or case['sampler']}" + (f" [{case['purpose']}]" if "purpose" in case else "")
 
 
-def check_fixture(folder: str | Path, replay: bool = False, device: str | None = None) -> list[Result]:
-    """Every case and forward tensor of one fixture folder, as :class:`Result` s."""
+def check_fixture(folder: str | Path, replay: bool = False, device: str | None = None,
+                  model: str | Path | None = None) -> list[Result]:
+    """Every case and forward tensor of one fixture folder, as :class:`Result` s; ``model``: run these
+    weights in another form (a GGUF file) instead of the folder's own."""
     folder = Path(folder)
     if not (folder / "cases.json").is_file():
         raise CheckpointError(f"{folder}: no cases.json; a parity fixture is a checkpoint folder with cases.json "
                               "and expected_logits.safetensors (see the fixture READMEs).")
     cases = json.loads((folder / "cases.json").read_text())
-    engine = _engine(folder, cases, device)
+    engine = _engine(folder, cases, device, model)
     results = []
     # The references ran float32 on CPU with one thread. Two threads split sums differently (1 ulp),
     # and a 48-step self-conditioned DiffusionGemma run amplifies that into other tokens.
@@ -130,12 +135,15 @@ def check_fixture(folder: str | Path, replay: bool = False, device: str | None =
     return results
 
 
-def main(folders: list[str], replay: bool = False, device: str | None = None, echo=print) -> int:
+def main(folders: list[str], replay: bool = False, device: str | None = None, echo=print,
+         model: str | None = None) -> int:
     """Check every folder, one line per case and a closing count; the exit code is 1 on any mismatch
-    of a case that is not fragile."""
+    of a case that is not fragile. ``model``: one folder's weights in another form (a GGUF file)."""
+    if model is not None and len(folders) != 1:
+        raise DLMError("--model checks one fixture folder's cases on other weights: name exactly one folder.")
     results = []
     for folder in folders:
-        for result in check_fixture(folder, replay, device):
+        for result in check_fixture(folder, replay, device, model):
             echo(result.line())
             results.append(result)
     exact, differ = sum(r.ok for r in results), sum(not r.ok and not r.failed for r in results)
