@@ -4,7 +4,8 @@
 #   bf16 within tolerance) and `dlm parity` on every block fixture (paged attention, fused MoE)
 #   4. end-to-end: an LLaDA2.0-mini-shaped MoE (16B, random bf16), a DiffusionGemma-26B-A4B-shaped one
 #      (25B: decoder step, committed tokens/s, weight-read bound at batch 1 and 8) and an LLaDA-8B dense model
-#   5. tensor parallelism, when more than one GPU is visible   6. per-kernel benchmarks vs torch
+#   5. quantized: int4 LLaDA2-mini, FP8 DiffusionGemma, an LLaDA-8B block pass at bf16/int8/int4/fp8
+#   6. tensor parallelism, when more than one GPU is visible   7. per-kernel benchmarks vs torch
 # Results go to $OUT/gpu_check.txt when $OUT is set, else ./gpu_results/gpu_check.txt.
 # Uses the first Python that has torch + triton + a CUDA device ($PYTHON, .venv, python3, python).
 # Every section has a time limit and the whole script a budget (most valuable first); a failing
@@ -82,6 +83,16 @@ section "parity on CUDA: dlm parity on the block fixtures (fp32 exact)" 60 "${PY
 section "end-to-end: LLaDA2.0-mini MoE shape, random bf16 weights" 150 "$PY" benchmarks/gpu_moe.py
 section "end-to-end: DiffusionGemma 26B-A4B shape, random bf16 weights, batch 1 and 8" 150 "$PY" benchmarks/gpu_dgemma.py
 section "end-to-end: LLaDA-8B shape, random bf16 weights" 100 "$PY" benchmarks/gpu_e2e.py
+# Quantized paths (engine/quant): tinygemm int4 experts on the LLaDA2-mini shape, FP8 weights with
+# per-token FP8 activations (torch._scaled_mm on sm_89+) on the DiffusionGemma shape, then the quantized
+# tests' CUDA paths and an LLaDA-8B-shaped block pass at bf16 / int8 / int4 / fp8.
+section "quantized: the CUDA paths against their torch reference" 60 "${PYTEST[@]}" tests/engine/quant -m gpu
+section "quantized: LLaDA2.0-mini shape, int4 experts (tinygemm), batch 1 and 8" 120 \
+    "$PY" benchmarks/gpu_moe.py --quantization int4 --batches 1,8 --new 128
+section "quantized: DiffusionGemma 26B-A4B shape, FP8 weights and activations, batch 1 and 8" 120 \
+    "$PY" benchmarks/gpu_dgemma.py --quantization fp8
+section "quantized: LLaDA-8B shape block pass, bf16 vs int8 / int4 / fp8" 120 \
+    "$PY" benchmarks/bench_quant.py --device cuda --dims 4096,32,11008 --vocab 126464 --precisions bfloat16,int8,int4,fp8
 
 # Tensor parallelism needs more than one GPU: NCCL equality tests, then throughput at TP 1/2(/4).
 NGPU=$("$PY" -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)

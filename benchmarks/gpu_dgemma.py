@@ -31,7 +31,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gpu_moe import ExpertCounter, drive, split_bytes  # noqa: E402
+from gpu_moe import ExpertCounter, drive, quantized, split_bytes  # noqa: E402
 from random_checkpoint import dgemma_config, random_model  # noqa: E402
 
 from dlm_backend.engine.engine_config import EngineConfig  # noqa: E402
@@ -41,6 +41,7 @@ from dlm_backend.engine.kv import KVPool, PageAllocator  # noqa: E402
 from dlm_backend.engine.kv.pool import page_size_for  # noqa: E402
 from dlm_backend.engine.models.diffusion_gemma import GemmaExperts, GemmaRouter  # noqa: E402
 from dlm_backend.engine.params import SamplingParams  # noqa: E402
+from dlm_backend.engine.quant.methods import METHODS  # noqa: E402
 from dlm_backend.engine.requests.uniform_sequence import UniformSequence  # noqa: E402
 from dlm_backend.engine.samplers import DiffusionGemmaSampler, TokenInfo  # noqa: E402
 
@@ -112,12 +113,14 @@ def main(argv=None) -> None:
     ap.add_argument("--steps", type=int, default=16, help="max_denoising_steps (the reference default is 48)")
     ap.add_argument("--hbm-tbps", type=float, default=4.8, help="HBM bandwidth for the bound (H200: 4.8)")
     ap.add_argument("--tiny", action="store_true", help="a 3-layer hidden-64 model, for smoke tests")
+    ap.add_argument("--quantization", choices=list(METHODS), default=None, help="quantize the random weights")
     a = ap.parse_args(argv)
     if a.device == "cuda" and not torch.cuda.is_available():
         sys.exit("gpu_dgemma: no CUDA device; use --tiny --device cpu for a smoke run.")
     dtype = torch.bfloat16 if a.device == "cuda" else torch.float32
     t0 = time.perf_counter()
-    model = random_model(tiny_config() if a.tiny else big_config(), a.device, dtype)
+    model = quantized(random_model(tiny_config() if a.tiny else big_config(), a.device, dtype), a.quantization,
+                      a.device)
     n = sum(p.numel() for p in model.parameters())
     print(f"model: DiffusionGemma 26B-A4B shape, {n / 1e9:.2f}B params, {dtype}, built in "
           f"{time.perf_counter() - t0:.1f}s; {a.steps} steps a canvas of {model.args.block_size}")

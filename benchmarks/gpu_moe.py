@@ -27,6 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from random_checkpoint import block_config, random_model  # noqa: E402
 
+from dlm_backend.engine.quant.methods import METHODS, quantize_model, quantized_summary  # noqa: E402
+
 from dlm_backend.engine.engine_config import EngineConfig  # noqa: E402
 from dlm_backend.engine.forward.runner import ModelRunner  # noqa: E402
 from dlm_backend.engine.kernels import resolve_kernels  # noqa: E402
@@ -76,11 +78,25 @@ class ExpertCounter:
         return n
 
 
+def _tensors(module) -> list:
+    """A module's parameters and buffers: quantized weights are buffers (engine/quant)."""
+    return [*module.parameters(), *module.buffers()]
+
+
 def split_bytes(model, experts: list) -> tuple[int, int]:
-    """(bytes of every parameter outside the ``experts`` modules, bytes of one expert of them)."""
-    routed = {id(p) for e in experts for p in e.parameters()}
-    always = sum(p.numel() * p.element_size() for p in model.parameters() if id(p) not in routed)
-    return always, sum(p[0].numel() * p.element_size() for p in experts[0].parameters())
+    """(bytes of every weight outside the ``experts`` modules, bytes of one expert of them)."""
+    routed = {id(t) for e in experts for t in _tensors(e)}
+    always = sum(t.numel() * t.element_size() for t in _tensors(model) if id(t) not in routed)
+    per_stack = sum(t.numel() * t.element_size() for t in _tensors(experts[0]))
+    return always, per_stack // experts[0].down_proj.shape[0]
+
+
+def quantized(model, method: str | None, device: str):
+    """``model`` with ``--quantization`` applied in memory (what ``quantization=`` does at load)."""
+    if method:
+        quantize_model(model, method, device, next(model.parameters()).dtype)
+        print(f"quantized: {method} ({', '.join(f'{n} x {k}' for k, n in quantized_summary(model)[0].items())})")
+    return model
 
 
 def moe_blocks(model) -> list:
@@ -163,13 +179,15 @@ def main(argv=None) -> None:
     ap.add_argument("--block", type=int, default=32)
     ap.add_argument("--hbm-tbps", type=float, default=4.8, help="HBM bandwidth for the bound (H200: 4.8)")
     ap.add_argument("--tiny", action="store_true", help="a 3-layer hidden-64 MoE, for smoke tests")
+    ap.add_argument("--quantization", choices=list(METHODS), default=None, help="quantize the random weights")
     a = ap.parse_args(argv)
     if a.device == "cuda" and not torch.cuda.is_available():
         sys.exit("gpu_moe: no CUDA device; use --tiny --device cpu for a smoke run.")
     dtype = torch.bfloat16 if a.device == "cuda" else torch.float32
     t0 = time.perf_counter()
-    model = random_model(tiny_config() if a.tiny else mini_config(), a.device, dtype)
-    n = sum(p.numel() for p in model.parameters())
+    model = quantized(random_model(tiny_config() if a.tiny else mini_config(), a.device, dtype), a.quantization,
+                      a.device)
+    n = sum(p.numel() for p in model.parameters())       # float ones: quantized weights are buffers
     print(f"model: LLaDA2-mini shape, {n / 1e9:.2f}B params, {dtype}, built in {time.perf_counter() - t0:.1f}s")
     cols = ["batch", "passes", "passes_per_s", "tokens_per_s", "step_ms", "experts_per_pass", "bound_ms",
             "bound_fraction", "graphs"]

@@ -15,8 +15,10 @@ ran 45 ms and 98 ms):
   so ``z = offset + 8 * scale``: exact.
 * ``int8pack``: symmetric per-channel int8, K % 16 == 0 (the kernel reads garbage at K = 40) ->
   ``_weight_int8pack_mm`` (0.77 ms); on CUDA ``(x @ q^T) * scale``.
-* ``dequant``: anything else (group-wise int8, 5/6-bit K-quants, odd shapes): the weight rebuilt in
-  the activations' dtype for each product, so memory stays quantized and speed is a float matmul's
+* ``int4x2``: wider levels (group-wise int8 such as GGUF's Q8_0 and GPTQ 8-bit, 5-bit K-quants) in
+  the int4 kernel's groups, as two 4-bit halves: two int4 products, exact.
+* ``dequant``: anything else (GGUF's Q6_K groups of 16, odd shapes): the weight rebuilt in the
+  activations' dtype for each product, so memory stays quantized and speed is a float matmul's
   plus the rebuild.
 """
 
@@ -105,40 +107,44 @@ class IntWeight(QuantizedWeight):
         N, K = self.shape
         signed = self.q.dtype == torch.int8
         act = torch.bfloat16 if device.type == "cpu" else dtype
-        if self.bits <= 4 and not signed and self.group in INT4_GROUPS and N % 16 == 0 and act == torch.bfloat16:
-            self._pack_int4(device)
+        int4_shape = self.group in INT4_GROUPS and N % 16 == 0 and act == torch.bfloat16
+        offset = self.offset if self.offset is not None else torch.zeros_like(self.scale)
+        if self.bits <= 4 and not signed and int4_shape:
+            self.q, self.scale = _int4(self.q.to(torch.int32), self.scale, offset, device)
+            self.offset, self.exec = None, "int4pack"
         elif self.bits == 8 and signed and self.group == K and self.offset is None and K % 16 == 0:
             self.scale = self.scale[:, 0].to(act).contiguous()                  # [N], the kernel's dtype
             self.exec = "int8pack"
+        elif self.bits <= 8 and int4_shape:
+            # Wider levels as two 4-bit halves, u = 16 hi + lo: W = lo s + 16 s (hi - h0) + (16 s h0 + o), two
+            # int4 products and exact. h0, the middle of hi's range, keeps the kernel's zero points (kept in
+            # bf16) small: for symmetric int8 they are 8 s and 0, where folding the offset into the low half
+            # made one -120 s and cost 9% of the logits. Group-wise int8 (GGUF's Q8_0, GPTQ 8-bit) and 5-bit
+            # K-quants then run at about twice the int4 kernel's cost (1.6 ms at [32, 2048] x [2048, 2048])
+            # where rebuilding the weight for each product cost about 8 ms; memory stays a byte a weight.
+            u = self.q.to(torch.int32) + (128 if signed else 0)                 # signed int8 -> 0 .. 255
+            scale, offset = self.scale, offset - 128 * self.scale if signed else offset
+            h0 = 1 << (self.bits - 5)                                           # hi runs 0 .. 2^(bits-4) - 1
+            self.register_buffer("q_hi", None)
+            self.register_buffer("scale_hi", None)
+            self.q_hi, self.scale_hi = _int4((u >> 4) + 8 - h0, 16 * scale, 16 * h0 * scale + offset - 128 * scale,
+                                             device)
+            self.q, self.scale = _int4(u & 15, scale, torch.zeros_like(offset), device)
+            self.offset, self.exec = None, "int4x2"
         else:
             self.exec = "dequant"
         self.act_dtype = act if self.exec != "dequant" else None
         return self
 
-    def _pack_int4(self, device: torch.device) -> None:
-        offset = self.offset if self.offset is not None else torch.zeros_like(self.scale)
-        zeros = offset + 8 * self.scale                                         # tinygemm: (q - 8) * s + z
-        sz = torch.stack([self.scale, zeros], dim=-1).transpose(0, 1).contiguous().to(torch.bfloat16)  # [G, N, 2]
-        q = self.q.to(torch.int32)
-        if device.type == "cpu":
-            packed = torch._convert_weight_to_int4pack_for_cpu(q, 1)
-        else:
-            u8 = ((q[:, ::2] << 4) | q[:, 1::2]).to(torch.uint8)                # [N, K / 2]
-            inner = next(t for t in (8, 4, 2) if (self.shape[1] // 16) % t == 0)
-            packed = torch._convert_weight_to_int4pack(u8, inner)
-        self.q, self.scale, self.offset = packed, sz, None
-        self.exec = "int4pack"
-
     def linear(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
         if self.perm is not None:
             x = x.index_select(-1, self.perm)
-        if self.exec == "int4pack":
+        if self.exec in ("int4pack", "int4x2"):
             h = to_activation(x, self.act_dtype)
-            if h.is_cuda:
-                y = torch._weight_int4pack_mm(h, self.q, self.group, self.scale)
-            else:
-                y = torch._weight_int4pack_mm_for_cpu(h, self.q, self.group, self.scale)
+            y = _int4_mm(h, self.q, self.group, self.scale)
+            if self.exec == "int4x2":
+                y = y.float() + _int4_mm(h, self.q_hi, self.group, self.scale_hi).float()
         elif self.exec == "int8pack" and x.device.type == "cpu":
             y = torch._weight_int8pack_mm(to_activation(x, self.act_dtype), self.q, self.scale)
         elif self.exec == "int8pack":
@@ -146,3 +152,21 @@ class IntWeight(QuantizedWeight):
         else:
             y = F.linear(x.reshape(-1, x.shape[-1]), self._stored(x.dtype))
         return y.to(x.dtype).view(*lead, self.shape[0])
+
+
+def _int4(levels: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, device: torch.device):
+    """(packed weight, scales and zeros ``[G, N, 2]``) of ``W = levels * scale + offset`` (levels 0 .. 15,
+    int32 ``[N, K]``) for tinygemm's int4 kernel, whose dequantization is ``(q - 8) * s + z``."""
+    zeros = offset + 8 * scale
+    sz = torch.stack([scale, zeros], dim=-1).transpose(0, 1).contiguous().to(torch.bfloat16)    # [G, N, 2]
+    if device.type == "cpu":
+        return torch._convert_weight_to_int4pack_for_cpu(levels, 1), sz
+    u8 = ((levels[:, ::2] << 4) | levels[:, 1::2]).to(torch.uint8)                            # [N, K / 2]
+    inner = next(t for t in (8, 4, 2) if (levels.shape[1] // 16) % t == 0)
+    return torch._convert_weight_to_int4pack(u8, inner), sz
+
+
+def _int4_mm(h: torch.Tensor, packed: torch.Tensor, group: int, sz: torch.Tensor) -> torch.Tensor:
+    if h.is_cuda:
+        return torch._weight_int4pack_mm(h, packed, group, sz)
+    return torch._weight_int4pack_mm_for_cpu(h, packed, group, sz)

@@ -159,3 +159,20 @@ def test_expert_stacks_index_and_split_their_rows():
     gate, up = experts.split_rows(16)
     assert torch.equal(up[2].dequantize(), experts[2].dequantize()[16:])
     assert gate.shape == (3, 16, 64)
+
+
+@pytest.mark.parametrize("bits, signed, group", [(8, True, 32), (8, False, 128), (5, False, 32), (6, False, 64)])
+def test_wider_levels_run_as_two_int4_halves_of_the_dequantized_product(bits, signed, group):
+    """GGUF's Q8_0 (signed, groups of 32), GPTQ 8-bit (unsigned with zeros), 5/6-bit K-quants."""
+    g = torch.Generator().manual_seed(bits + group)
+    N, K = 32, 256
+    q = (torch.randint(-128, 128, (N, K), generator=g).to(torch.int8) if signed else
+         torch.randint(0, 2 ** bits, (N, K), generator=g).to(torch.uint8))
+    scale = torch.rand(N, K // group, generator=g) * 0.01 + 1e-3
+    offset = None if signed else -torch.rand(N, K // group, generator=g) * 0.1
+    w = IntWeight(q, scale, offset, bits)
+    x = _x(7, K)
+    want = F.linear(x, w.dequantize())
+    w.prepare("cpu", torch.float32)
+    assert w.exec == "int4x2" and w.nbytes < N * K * 1.3              # a byte a weight, and its scales
+    _close(F.linear(x, w), want, 2e-2)
