@@ -270,3 +270,16 @@ def test_the_readme_layout_names_every_module_and_architecture_md_every_folder()
     table = (DOCS / "architecture.md").read_text().split("## What lives where")[1]
     rows = set(re.findall(r"^\| `(dlm_backend/[\w/]*)` \|", table, re.MULTILINE))
     assert folders <= rows, folders - rows
+
+
+def test_quantization_md_lists_every_method_and_every_format_read():
+    """One declaration each: the methods table (quant/methods.py) and the formats table (quant/formats)."""
+    from dlm_backend.engine.quant.formats import FORMATS
+    from dlm_backend.engine.quant.methods import METHODS
+
+    text = (DOCS / "quantization.md").read_text()
+    methods = text.split("## Quantizing at load")[1].split("\n## ")[0]
+    rows = dict(re.findall(r"^\| `(\w+)` \| (.+) \|$", methods, re.MULTILINE))
+    assert rows == METHODS
+    formats = text.split("## What loads")[1].split("\n## ")[0]
+    assert set(FORMATS) <= set(re.findall(r"\| `([\w-]+)` \|", formats))
