@@ -8,6 +8,7 @@ read into memory whole. Every file the engine reads from a folder goes through :
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 from pathlib import Path
@@ -94,3 +95,19 @@ def read_checkpoint_file(folder: Path, name: str, limit: int) -> bytes | None:
 def _too_big(path: Path, size: int, limit: int) -> CheckpointError:
     return CheckpointError(f"{path} is {size} bytes, over the {limit >> 20} MiB this engine reads for it (real "
                            "ones are far smaller); it is not a checkpoint file. Re-download the checkpoint.")
+
+
+def read_json(folder: Path, name: str) -> dict | None:
+    """A checkpoint's JSON file (None when absent), read confined to the folder and bounded in size;
+    a truncated or hand-broken one is a CheckpointError naming it."""
+    data, path = read_checkpoint_file(folder, name, MAX_JSON_BYTES), folder / name
+    if data is None:
+        return None
+    try:
+        value = json.loads(data)
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:   # RecursionError: [[[[... 10**5 deep
+        raise CheckpointError(f"{path} is not valid JSON ({str(exc)[:200]}). Re-download the checkpoint or fix "
+                              "the file.") from None
+    if not isinstance(value, dict):
+        raise CheckpointError(f"{path} must hold a JSON object. Re-download the checkpoint or fix the file.")
+    return value

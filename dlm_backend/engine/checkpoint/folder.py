@@ -1,7 +1,7 @@
-"""A checkpoint's folder: found locally or fetched from the hub, its config.json read and its
-safetensors files listed (checkpoint/weights.py fills the model from them). A GGUF file (llama.cpp's
-format), or a folder holding one and no config.json, is a checkpoint too: its metadata stands in for
-config.json (checkpoint/gguf_file.py).
+"""A checkpoint's folder: found locally or fetched from the hub, and its config.json read
+(checkpoint/sources.py lists its weight files, checkpoint/weights.py fills the model from them). A
+GGUF file (llama.cpp's format), or a folder holding one and no config.json, is a checkpoint too: its
+metadata stands in for config.json (checkpoint/gguf_file.py).
 
 Only safetensors and GGUF are ever read; a folder of pickle checkpoints (.bin/.pt/.pth) is refused, and
 no remote code is executed.
@@ -9,17 +9,15 @@ no remote code is executed.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
-from dlm_backend.engine.checkpoint.files import MAX_JSON_BYTES, checkpoint_file, read_checkpoint_file
+from dlm_backend.engine.checkpoint.files import checkpoint_file, read_json
 from dlm_backend.engine.models.registry import from_config_json, resolve_model_class
 from dlm_backend.engine.quant.formats import checkpoint_format
-from dlm_backend.errors import CheckpointError, ModelNotFoundError, UnsafeCheckpointError
+from dlm_backend.errors import CheckpointError, ModelNotFoundError
 
 HUB_PATTERNS = ["*.json", "*.safetensors", "*.jinja", "tokenizer*"]
-PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 
 
 #: The embedded model, shipped inside the package (trained by recipes/dlm_tiny).
@@ -110,7 +108,7 @@ def _gguf_in(folder: Path) -> Path | None:
 def checkpoint_config(path: Path) -> dict:
     """The config.json of a resolved checkpoint: a GGUF file's from its metadata, else the folder's."""
     if is_gguf(path):
-        from dlm_backend.engine.checkpoint.gguf_file import gguf_config      # imports sources.py, which imports us
+        from dlm_backend.engine.checkpoint.gguf_file import gguf_config      # the gguf package only for GGUF files
 
         return gguf_config(path)
     return read_config(path)
@@ -134,22 +132,6 @@ def read_config(folder: Path) -> dict:
     return config
 
 
-def read_json(folder: Path, name: str) -> dict | None:
-    """A checkpoint's JSON file (None when absent), read confined to the folder and bounded in size;
-    a truncated or hand-broken one is a CheckpointError naming it."""
-    data, path = read_checkpoint_file(folder, name, MAX_JSON_BYTES), folder / name
-    if data is None:
-        return None
-    try:
-        value = json.loads(data)
-    except (ValueError, UnicodeDecodeError, RecursionError) as exc:   # RecursionError: [[[[... 10**5 deep
-        raise CheckpointError(f"{path} is not valid JSON ({str(exc)[:200]}). Re-download the checkpoint or fix "
-                              "the file.") from None
-    if not isinstance(value, dict):
-        raise CheckpointError(f"{path} must hold a JSON object. Re-download the checkpoint or fix the file.")
-    return value
-
-
 def context_length(model: str, revision: str | None = None) -> int:
     """The model's context window from its config.json (or GGUF metadata) alone: no weights are read
     or downloaded.
@@ -159,37 +141,3 @@ def context_length(model: str, revision: str | None = None) -> int:
     """
     config = checkpoint_config(resolve_checkpoint(model, revision, patterns=["*.json"]))
     return from_config_json(resolve_model_class(config).args_from_config, config).max_positions
-
-
-def safetensors_files(folder: Path) -> list[Path]:
-    """The weight files, from ``model.safetensors.index.json`` when sharded."""
-    index = folder / "model.safetensors.index.json"
-    index_json = read_json(folder, index.name)
-    if index_json is not None:
-        weight_map = index_json.get("weight_map", {})
-        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
-            raise CheckpointError(f"{index}: 'weight_map' must map tensor names to shard file names. Re-download "
-                                  "the checkpoint.")
-        files = {name: checkpoint_file(folder, name, index.name) for name in sorted(set(weight_map.values()))}
-        missing = [name for name, file in files.items() if file is None]
-        if missing:
-            raise CheckpointError(f"Shards listed in {index.name} are missing: {', '.join(missing)}. "
-                                  "Re-download the checkpoint.")
-        return sorted(set(files.values()))
-    # HF names weights model.safetensors / model-0000i-of-0000n.safetensors; other *.safetensors
-    # files in a folder (adapters, test data) are not this model's weights. Each must be a regular
-    # file inside the folder (safetensors memory-maps it; a FIFO would block the open).
-    files = sorted(checkpoint_file(folder, f.name) for f in folder.glob("model*.safetensors"))
-    if files:
-        return files
-    # A hub download fetches no pickle, but a sharded one's index (pytorch_model.bin.index.json) shows it.
-    pickles = sorted(p.name for p in folder.iterdir() if p.suffix in PICKLE_SUFFIXES or p.name.endswith(".bin.index.json"))
-    if pickles:
-        raise UnsafeCheckpointError(
-            f"{folder} holds only pickle weights ({', '.join(pickles)}). Pickle files can run arbitrary "
-            "code when loaded, so dlm_backend never reads them. Convert the checkpoint to safetensors "
-            "(e.g. `safetensors.torch.save_file(torch.load(f, weights_only=True), 'model.safetensors')` "
-            "in a trusted environment) or use a repository that publishes safetensors.")
-    raise CheckpointError(f"{folder} has no model*.safetensors weights. Point at a complete checkpoint folder "
-                          "(a hub repository that publishes only pickle .bin weights is not read: use one with "
-                          "safetensors).")

@@ -5,6 +5,7 @@ reads any source the same way: named entries, each checked against the model bef
 from __future__ import annotations
 
 import re
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,11 +14,12 @@ from typing import Any
 import torch
 from safetensors import SafetensorError, safe_open
 
-from dlm_backend.engine.checkpoint.folder import safetensors_files
+from dlm_backend.engine.checkpoint.files import checkpoint_file, read_json
 from dlm_backend.engine.quant.formats import QuantFormat
 from dlm_backend.engine.quant.weight import QuantizedWeight
-from dlm_backend.errors import CheckpointError
+from dlm_backend.errors import CheckpointError, UnsafeCheckpointError
 
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 _LAYER_INDEX = re.compile(r"\.(?:layers|blocks|h)\.(\d+)\.")
 
 
@@ -32,18 +34,19 @@ class Entry:
     part: Callable[[], Any]
 
 
-class TensorSource:
+class TensorSource(ABC):
     """A checkpoint's tensors: their names (read before anything is built) and the entries."""
 
     total_bytes: int = 0
     label: str = "the checkpoint"
 
+    @abstractmethod
     def names(self) -> list[str]:
-        raise NotImplementedError
+        """Every tensor's name, as the model names it."""
 
+    @abstractmethod
     def entries(self, target: str, progress: Callable[[int], None]) -> Iterator[Entry]:
         """Every tensor, read onto device ``target``; ``progress(bytes)`` as files are done."""
-        raise NotImplementedError
 
     def layer_count(self) -> int | None:
         """The number of layers the tensors hold (``...layers.N.``), None when no name has one."""
@@ -99,3 +102,37 @@ class SafetensorsSource(TensorSource):
     def _quantized(self, weight: str, tensors: dict[str, torch.Tensor]) -> Entry:
         value = self.fmt.build(weight, tensors)
         return Entry(weight, tuple(value.shape), lambda: value, lambda: value)
+
+
+def safetensors_files(folder: Path) -> list[Path]:
+    """The weight files, from ``model.safetensors.index.json`` when sharded."""
+    index = folder / "model.safetensors.index.json"
+    index_json = read_json(folder, index.name)
+    if index_json is not None:
+        weight_map = index_json.get("weight_map", {})
+        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+            raise CheckpointError(f"{index}: 'weight_map' must map tensor names to shard file names. Re-download "
+                                  "the checkpoint.")
+        files = {name: checkpoint_file(folder, name, index.name) for name in sorted(set(weight_map.values()))}
+        missing = [name for name, file in files.items() if file is None]
+        if missing:
+            raise CheckpointError(f"Shards listed in {index.name} are missing: {', '.join(missing)}. "
+                                  "Re-download the checkpoint.")
+        return sorted(set(files.values()))
+    # HF names weights model.safetensors / model-0000i-of-0000n.safetensors; other *.safetensors
+    # files in a folder (adapters, test data) are not this model's weights. Each must be a regular
+    # file inside the folder (safetensors memory-maps it; a FIFO would block the open).
+    files = sorted(checkpoint_file(folder, f.name) for f in folder.glob("model*.safetensors"))
+    if files:
+        return files
+    # A hub download fetches no pickle, but a sharded one's index (pytorch_model.bin.index.json) shows it.
+    pickles = sorted(p.name for p in folder.iterdir() if p.suffix in PICKLE_SUFFIXES or p.name.endswith(".bin.index.json"))
+    if pickles:
+        raise UnsafeCheckpointError(
+            f"{folder} holds only pickle weights ({', '.join(pickles)}). Pickle files can run arbitrary "
+            "code when loaded, so dlm_backend never reads them. Convert the checkpoint to safetensors "
+            "(e.g. `safetensors.torch.save_file(torch.load(f, weights_only=True), 'model.safetensors')` "
+            "in a trusted environment) or use a repository that publishes safetensors.")
+    raise CheckpointError(f"{folder} has no model*.safetensors weights. Point at a complete checkpoint folder "
+                          "(a hub repository that publishes only pickle .bin weights is not read: use one with "
+                          "safetensors).")
