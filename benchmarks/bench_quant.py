@@ -5,7 +5,8 @@ For each precision (float32, bf16, int8, int4, fp8), the same random model quant
 pass (32 masked positions per request reading the prompt's cached keys, LLaDA's ``cache="dual"``)
 at batch 1 and 8, the weights' memory, the logits' error against float32 on the same 8 x 160
 canvases (max |diff| over the logits' std) and the greedy agreement (argmax equal at masked positions).
-Ratios are to float32 measured in the same run.
+Ratios (``x_b*``) are to the first precision listed (float32 by default), measured in the same run;
+the logits' error and agreement are against the first one too.
 
     python benchmarks/bench_quant.py                      # d_model 1024, 8 layers (~170M params)
     python benchmarks/bench_quant.py --tiny               # seconds, a smoke test
@@ -17,7 +18,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
