@@ -8,6 +8,8 @@
    Same prompt, same tokens (checked), same passes: the wall ratio is what the cache buys.
 2. **Prefix caching.** 32 requests share a long system prompt (an agent's instructions and tool
    schemas); throughput with the prefix cache on and off, same outputs.
+3. **LLaDA2 quantized.** The engine's weights quantized at load (int8, int4) against the same
+   float32 plain loop.
 
 Random block-shaped checkpoints (benchmarks/random_checkpoint.py), CPU, float32.
 
@@ -134,6 +136,24 @@ def prefix_table(folders: dict, args) -> None:
                       f"{args.requests / wall:.2f} | {hits:.0%} | {rows[False][0] / wall:.1f}x |")
 
 
+def quantized_table(folders: dict, args) -> None:
+    """LLaDA2 (MoE) against its plain loop again, the engine's weights quantized at load: its experts
+    and dense layers on the packed int8/int4 kernels (tokens differ from float's, so passes may too)."""
+    print(f"\n## LLaDA2 quantized at load (prompt {args.prompt}, {args.gen} new tokens, median of {args.repeats})\n")
+    print("| weights | passes | engine s | plain loop s (float32) | speed-up |\n|---|---|---|---|---|")
+    prompt = [(7 * i + 3) % 1000 for i in range(args.prompt)]
+    base = None
+    for method in (None, *args.quantization.split(",")):
+        with LLM(str(folders["llada2"]), dtype="float32", prefix_caching=False, quantization=method) as llm:
+            params = llm.sampling_params(sampler="llada2", max_tokens=args.gen, ignore_eos=True)
+            if base is None:
+                model, block = llm.engine.runner.model, llm.engine.model_args.block_size
+                _, base = timed(lambda: llada2_reference(model, prompt, args.gen, block, llm.engine.tokens.mask_id,
+                                                         params.threshold), args.repeats)
+            out, t = timed(lambda: llm.generate(prompt_token_ids=[prompt], sampling_params=params)[0], args.repeats)
+            print(f"| {method or 'float32'} | {out.num_forward_passes} | {t:.2f} | {base:.2f} | {base / t:.1f}x |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--hidden", type=int, default=256)
@@ -146,6 +166,7 @@ def main() -> None:
     ap.add_argument("--question", type=int, default=16)
     ap.add_argument("--answer", type=int, default=32)
     ap.add_argument("--quick", action="store_true", help="hidden 128, 2 layers, shorter prompts")
+    ap.add_argument("--quantization", default="int8,int4", help="methods for the LLaDA2 quantized rows ('' for none)")
     args = ap.parse_args()
     if args.quick:
         args.hidden, args.layers, args.prompt, args.gen, args.requests, args.system = 128, 2, 128, 32, 8, 256
@@ -157,6 +178,8 @@ def main() -> None:
               f"top-4; blocks of 32, SDAR 4); {torch.get_num_threads()} CPU threads, float32\n")
         reference_table(folders, args)
         prefix_table(folders, args)
+        if args.quantization:
+            quantized_table(folders, args)
 
 
 if __name__ == "__main__":
