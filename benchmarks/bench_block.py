@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from random_checkpoint import block_config, write_checkpoint  # noqa: E402
 
-from dlm_backend import LLM, SamplingParams  # noqa: E402
+from dlm_backend import LLM  # noqa: E402
 from dlm_backend.engine.layers import ForwardContext, PackedAttention, Segment, forward_context  # noqa: E402
 
 SAMPLERS = [("llada2", "llada2", {}), ("llada2", "llada2_edit", {"threshold": 0.5, "max_post_steps": 1}),

@@ -22,8 +22,15 @@ from pathlib import Path
 import gguf
 import numpy as np
 from gguf import GGMLQuantizationType as T
+import torch
 from safetensors.numpy import load_file
+from safetensors.torch import save_file
 from tokenizers import Tokenizer
+
+from dlm_backend.engine.checkpoint.load import open_checkpoint
+from dlm_backend.engine.engine_config import EngineConfig
+from dlm_backend.engine.models.registry import resolve_model_class
+from tests.helpers import make_chat_checkpoint
 
 ARCHES = {"LLaDAModelLM": gguf.MODEL_ARCH.LLADA, "DreamModel": gguf.MODEL_ARCH.DREAM}
 
@@ -179,3 +186,42 @@ def quantize_q4_k(x: np.ndarray) -> np.ndarray:
     qs = (q[..., 0, :] | (q[..., 1, :] << 4)).reshape(n, nb, 128)
     return np.concatenate([d16.view(np.uint8).reshape(n, nb, 2), dmin16.view(np.uint8).reshape(n, nb, 2), s, qs],
                           axis=-1).reshape(n, nb * 144)
+
+
+FAMILIES = ("llada", "dream")
+TEXTS = ["The quick brown fox jumps over the lazy dog.", "  two  spaces\tand a tab\n\nnew lines 12345 + 678",
+         "Paris, 'tis the capital! Isn't it? I'VE been there", "café naïve 東京 🚀 ﬁ",
+         "<|endoftext|>between<|im_end|>"]
+
+
+def chat_gguf(tmp_path, family: str, **kw):
+    """(a chat-ready copy of the family's parity fixture, its GGUF file)."""
+    folder = make_chat_checkpoint(tmp_path / family, family)
+    return folder, write_gguf(folder, tmp_path / f"{family}.gguf", **kw)
+
+
+def open_gguf(path):
+    """The checkpoint a GGUF file opens as, float32 on CPU."""
+    return open_checkpoint(EngineConfig(str(path), device="cpu", dtype="float32"))
+
+
+def wide_checkpoint(tmp_path, family: str = "llada", **config):
+    """A parity checkpoint widened so every weight's rows are whole 256-weight K-quant super-blocks
+    (width 256, MLP 512, 4 heads of 64), its weights drawn at random (seeded)."""
+    wide = {"llada": {"d_model": 256, "mlp_hidden_size": 512}, "dream": {"hidden_size": 256, "intermediate_size": 512}}
+    folder = make_chat_checkpoint(tmp_path / f"wide-{family}", family, **wide[family], **config)
+    config = json.loads((folder / "config.json").read_text())
+    torch.manual_seed(0)
+    model = resolve_model_class(config).from_config(config)
+    state = {k: (torch.randn_like(v) * (0.05 if v.dim() == 2 else 0.1) + (1.0 if v.dim() == 1 else 0.0))
+             for k, v in model.state_dict().items()}
+    save_file(state, str(folder / "model.safetensors"))
+    return folder
+
+
+def finish(w: gguf.GGUFWriter) -> None:
+    """Write a GGUFWriter's file out."""
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
