@@ -65,9 +65,9 @@ CASES = {
     "gptq-4bit-g32": Case({**GPTQ, "lm_head": True}, gptq(4, 32), LINEARS + [HEAD], {"int4pack"}),
     "gptq-act-order": Case({**GPTQ, "desc_act": True, "sym": True}, act_order, LINEARS, {"int4pack"}),
     "gptq_v2-8bit-per-channel": Case({**GPTQ, "bits": 8, "group_size": -1, "checkpoint_format": "gptq_v2"},
-                                     gptq(8, -1, v2=True), LINEARS, {"int4x2", "dequant"}),   # K 64 / 160
+                                     gptq(8, -1, v2=True), LINEARS, {"int4x2", "dense"}),   # K 64 / 160
     "gptq-dynamic": Case({**GPTQ, "dynamic": {r"+:.*\.ff_out$": {"bits": 8, "group_size": -1}}}, ff_out_8bit,
-                         LINEARS, {"int4pack", "dequant"}),
+                         LINEARS, {"int4pack", "dense"}),
     "awq-gemm-g32": Case({"quant_method": "awq", "bits": 4, "group_size": 32, "zero_point": True, "version": "gemm"},
                          lambda name, w: awq_tensors(w, 32), LINEARS, {"int4pack"}),
 }
@@ -124,30 +124,23 @@ def test_the_engine_decodes_a_quantized_checkpoint(case, build):
     _, logits = forward(model, ids)
     _, want = forward(load_model(exact, read_config(exact), CPU, torch.float32), ids)
     _, before = forward(load_model(FIXTURE, read_config(FIXTURE), CPU, torch.float32), ids)
-    if CASES[case].kernels == {"dequant"}:
-        # the dequant path multiplies by the very weights of the float reference, in float32: measured 0.0
-        torch.testing.assert_close(logits, want)
-    else:
-        # the int4 kernel takes bf16 activations (8 significant bits): about 0.3% off per linear, 1.6-1.9%
-        # on the logits after two blocks (measured, 4-bit; 8-bit levels run as two 4-bit halves); 5% bounds it
-        assert relative(logits, want) < 0.05
+    # the int4 kernel takes bf16 activations (8 significant bits): about 0.3% off per linear, 1.6-1.9% on
+    # the logits after two blocks (measured, 4-bit; 8-bit levels run as two 4-bit halves, and weights no
+    # kernel takes as a bf16 copy); 5% bounds it
+    assert relative(logits, want) < 0.05
     # Against the float model before quantization the error is the weights' own rounding, which this
     # random-init fixture (weight std 0.25) amplifies about 5x into the logits (measured 4.8-5.2x: 8% weight
     # error at 4 bits g32 -> 39% logits, 0.55% at 8 bits -> 2.9%); 8x bounds it.
     weight_error = (sum((reference[n] - FLOAT[n]).norm() ** 2 for n in reference)
                     / sum(FLOAT[n].norm() ** 2 for n in reference)).sqrt().item()
     assert relative(logits, before) < 8 * weight_error
-    if case == "gptq_v2-8bit-per-channel":              # 8 bits: the greedy pick of every row is the float one's
-        assert torch.equal(logits.argmax(-1), before.argmax(-1))
+    if case == "gptq_v2-8bit-per-channel":              # 8 bits: the float model's greedy pick at most rows
+        assert (logits.argmax(-1) == before.argmax(-1)).float().mean() >= 0.9
 
     params = SamplingParams(sampler="llada", max_tokens=16, block_length=8, ignore_eos=True)
     seq = engine.add_request(PROMPT, params)
     out = run_to_end(engine)[seq.request_id].output.token_ids
     assert len(out) == 16 and all(0 <= t < VOCAB for t in out)
-    if CASES[case].kernels == {"dequant"}:              # greedy on identical float32 logits: identical tokens
-        ref_engine = engine_for(exact)
-        ref_seq = ref_engine.add_request(PROMPT, params)
-        assert run_to_end(ref_engine)[ref_seq.request_id].output.token_ids == out
 
 
 def declare(folder, config: dict) -> None:
