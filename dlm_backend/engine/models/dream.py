@@ -15,6 +15,7 @@ from dlm_backend.engine.layers.mlp import GatedMLP
 from dlm_backend.engine.layers.parallel import ColumnLinear, RowLinear, VocabEmbedding, VocabLinear, kv_linear
 from dlm_backend.engine.models.base import DiffusionLM, ModelArgs
 from dlm_backend.engine.models.config_reader import MAX_HEADS, MAX_LAYERS, MAX_POSITIONS, MAX_VOCAB, ConfigReader
+from dlm_backend.errors import CheckpointError
 
 
 class DreamAttention(nn.Module):
@@ -80,6 +81,9 @@ class DreamModel(DiffusionLM):
     def args_from_config(cls, c: dict) -> ModelArgs:
         r = ConfigReader(c)
         r.rope_scaling()
+        if c.get("hidden_act", "silu") != "silu":        # the reference MLP is ACT2FN[hidden_act]
+            raise CheckpointError(f"config.json: hidden_act {c.get('hidden_act')!r:.40} is not supported (the "
+                                  "MLPs here are SwiGLU: silu).")
         vocab = r.int("vocab_size", high=MAX_VOCAB)
         hidden, heads = r.int("hidden_size"), r.int("num_attention_heads", high=MAX_HEADS)
         kv_heads = r.int("num_key_value_heads", default=heads, high=MAX_HEADS)

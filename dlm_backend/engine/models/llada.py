@@ -13,6 +13,7 @@ from dlm_backend.engine.layers import RMSNorm, attention, rotate_qk, swiglu
 from dlm_backend.engine.layers.parallel import ColumnLinear, RowLinear, VocabEmbedding, VocabLinear, kv_linear
 from dlm_backend.engine.models.base import DiffusionLM, ModelArgs
 from dlm_backend.engine.models.config_reader import MAX_HEADS, MAX_LAYERS, MAX_POSITIONS, MAX_VOCAB, ConfigReader
+from dlm_backend.errors import CheckpointError
 
 
 class LLaDABlock(nn.Module):
@@ -76,6 +77,11 @@ class LLaDAModelLM(DiffusionLM):
     def args_from_config(cls, c: dict) -> ModelArgs:
         r = ConfigReader(c)
         r.rope_scaling()
+        # The reference (modeling_llada.py) rotates only with rope: true and otherwise adds a learned
+        # position table (wpe) or ALiBi; every block here rotates, so either of those loaded as RoPE.
+        if not r.bool("rope", default=True) or r.bool("alibi"):
+            raise CheckpointError("config.json: rope: false or alibi: true asks for learned or ALiBi positions; "
+                                  "this engine implements LLaDA with rope: true only (the released checkpoints).")
         vocab = r.int("embedding_size", "vocab_size", high=MAX_VOCAB)
         hidden, heads = r.int("d_model"), r.int("n_heads", high=MAX_HEADS)
         kv_heads = r.int("n_kv_heads", default=heads, high=MAX_HEADS)

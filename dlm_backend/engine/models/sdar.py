@@ -128,6 +128,10 @@ class SDARForCausalLM(DiffusionLM):
     # SDAR's dynamic low-confidence rule at 0.9 (its README, JetEngine and LMDeploy examples).
     sampling_defaults = {"sampler": "sdar", "remasking": "low_confidence_dynamic", "threshold": 0.9,
                          "cache": "prefix"}
+    #: head size when config.json has none: the reference SDARConfig's default (configuration_sdar.py,
+    #: ``head_dim=128``), which HF applies before modeling_sdar.py reads it; hidden / heads is another
+    #: size for SDAR-4B (2560 / 32 = 80). None: hidden / heads.
+    default_head_dim: int | None = 128
 
     def __init__(self, args: ModelArgs, attention_bias: bool = False, moe: SDARMoeArgs | None = None):
         super().__init__(args)
@@ -148,7 +152,7 @@ class SDARForCausalLM(DiffusionLM):
         vocab = r.int("vocab_size", high=MAX_VOCAB)
         hidden, heads = r.int("hidden_size"), r.int("num_attention_heads", high=MAX_HEADS)
         kv_heads = r.int("num_key_value_heads", default=heads, high=MAX_HEADS)
-        head_dim = r.int("head_dim", default=None)
+        head_dim = r.int("head_dim", default=cls.default_head_dim)
         r.heads(heads * head_dim if head_dim else hidden, heads, kv_heads)   # Qwen3's head_dim need not be D/H
         return ModelArgs(
             vocab_size=vocab, hidden_size=hidden, num_layers=r.int("num_hidden_layers", high=MAX_LAYERS),
@@ -181,6 +185,8 @@ class SDARForCausalLM(DiffusionLM):
 class SDARMoeForCausalLM(SDARForCausalLM):
     """SDAR-30B-A3B (Chat, Sci): Qwen3-MoE layers; ``decoder_sparse_step`` / ``mlp_only_layers`` keep
     some layers dense as in Qwen3-MoE."""
+
+    default_head_dim = None         # its config class is not among the references read here: hidden / heads
 
     @classmethod
     def moe_from_config(cls, c: dict) -> SDARMoeArgs:
