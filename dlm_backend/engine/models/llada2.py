@@ -25,7 +25,8 @@ from dlm_backend.engine.layers.mlp import GatedMLP
 from dlm_backend.engine.layers.parallel import RowLinear, VocabEmbedding, VocabLinear, local_heads, qkv_linear
 from dlm_backend.engine.layers.routers import StackedExperts, grouped_sigmoid_topk, stacked_expert_name
 from dlm_backend.engine.models.base import DiffusionLM, ModelArgs
-from dlm_backend.engine.models.config_reader import MAX_HEADS, MAX_LAYERS, MAX_POSITIONS, MAX_VOCAB, ConfigReader
+from dlm_backend.engine.models.config_reader import (MAX_HEADS, MAX_LAYERS, MAX_POSITIONS, MAX_VOCAB, MAX_WIDTH,
+                                                   ConfigReader)
 from dlm_backend.errors import CheckpointError
 
 BLOCK_LENGTH = 32       # the reference generate()'s block_length default; config.json has none
@@ -44,7 +45,7 @@ class LLaDA2MoeArgs:
     topk_group: int
     routed_scaling_factor: float
     moe_intermediate_size: int
-    shared_intermediate_size: int       # 0: no shared expert
+    shared_intermediate_size: int       # moe_intermediate_size * num_shared_experts, one fused MLP; 0: none
     first_k_dense_replace: int
     use_qk_norm: bool
     qkv_bias: bool
@@ -207,10 +208,20 @@ class LLaDA2MoeModelLM(DiffusionLM):
                                   "equal groups of at least 2 experts. Fix config.json.")
         topk_group = r.int("topk_group", default=4, high=n_group)
         width = r.int("moe_intermediate_size")
+        # The HF reference (LLaDA2.0 and 2.1 modeling_llada2_moe.py) builds the shared experts as one
+        # fused SwiGLU MLP, ``shared_experts``, of width moe_intermediate_size * num_shared_experts,
+        # and never reads moe_shared_expert_intermediate_size (its config class has no such field).
+        # SGLang multiplies that field instead: the same width only while it equals
+        # moe_intermediate_size, so a reference checkpoint with 2 shared experts and that field at
+        # any other value was refused with the config and weights said to disagree.
+        # num_shared_experts absent is the config class's default 0, which the reference builds as a
+        # width-0 MLP that adds nothing; null builds none. Both are no shared expert here.
         shared = r.int("num_shared_experts", default=0, low=0, high=MAX_EXPERTS)
-        # SGLang's rule; the HF code builds moe_intermediate_size * num_shared_experts, the same where
-        # the two widths agree (every released config). A mismatch fails the loader's shape check.
-        shared_width = r.int("moe_shared_expert_intermediate_size", default=width) * shared
+        shared_width = width * shared
+        if shared_width > MAX_WIDTH:
+            raise CheckpointError(f"config.json: num_shared_experts ({shared}) * moe_intermediate_size ({width}) "
+                                  f"= {shared_width}, the width the reference gives the fused shared expert, "
+                                  f"is over {MAX_WIDTH}. Fix config.json.")
         return LLaDA2MoeArgs(
             num_experts=experts, top_k=r.int("num_experts_per_tok", default=2, high=topk_group * (experts // n_group)),
             n_group=n_group, topk_group=topk_group,
