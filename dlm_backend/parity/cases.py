@@ -162,7 +162,8 @@ def fastdllm2_batch_sample(case: dict, fixture: dict) -> Run:
             if want[len(got):] != [pad] * (len(want) - len(got)):
                 errors.append(f"row {i}: the reference goes on past the engine's output: {want[len(got):]}")
         return errors
-    return Run(prompts, params, check)
+    rows: list = []         # the rows decode as one batch_sample batch (engine/requests/batch_sample.py)
+    return Run(prompts, params, check, prepare=[lambda seq, engine: seq.join_batch(rows)] * len(prompts))
 
 
 # -- the uniform-noise reference (fixtures/parity-block/diffusiongemma-tiny) ---------------------

@@ -18,11 +18,17 @@ values of a finished block never change, and the request's pages hold them:
 With ``cache="none"`` every denoise pass recomputes ``[0, block end)`` instead, as the Hugging Face
 ``generate`` of LLaDA2 does. Non-editing samplers' committed tokens never change, so the output is
 final up to the first mask; an editing sampler's block is final once the block is done.
+
+Every request decodes on its own, whatever else shares its forwards. Fast-dLLM v2's eval sampler
+(``batch_sample``) does not: its rows share decisions (when the block cache is rebuilt, which rows get
+a block's autoregressive first token, how long a finished row stays). Requests that join one
+:class:`BatchSample` (``BlockSequence.join_batch``) are decoded as that function decodes its rows.
 """
 
 from __future__ import annotations
 
 from dlm_backend.engine.kv import page_hashes
+from dlm_backend.engine.requests.batch_sample import BatchSample
 from dlm_backend.engine.requests.sequence import Pass, Sequence
 
 
@@ -36,7 +42,16 @@ class BlockSequence(Sequence):
         self.canvas = self.prompt_token_ids + self.template[:slots] + [self.mask_id] * (slots - len(self.template))
         self.block_start = (P // L) * L
         self.block_written = False                       # a full-block pass wrote this block's keys
+        self.group: BatchSample | None = None           # decoded in lock-step with other rows (join_batch)
         self._advance()
+
+    def join_batch(self, rows: list[BlockSequence]) -> None:
+        """Decode this request as one row of Fast-dLLM v2's ``batch_sample`` together with the requests
+        already in ``rows`` (in row order; this one is appended). Every row must be queued before the
+        first step and run in the same steps (the scheduler's limits must let the whole batch in)."""
+        self.group = rows[0].group if rows else BatchSample()
+        rows.append(self)
+        self.group.add(self)
 
     # -- derived state ---------------------------------------------------------------------
 
@@ -61,7 +76,7 @@ class BlockSequence(Sequence):
         them), when pages hold whole blocks; the block length is part of the name. A family that
         reads the first slot's token from the prompt's last position keeps that page its own, so
         its cache pass computes it."""
-        if not self.paged or page_size % self.block_length:
+        if not self.paged or page_size % self.block_length or self.group is not None:
             return []
         first = (self.prompt_len // self.block_length) * self.block_length
         pages = (first - 1 if self.sampler.ar_first_token else first) // page_size
@@ -94,6 +109,8 @@ class BlockSequence(Sequence):
         return self.sampler.begin_block(len(self.masks_in_block), steps, self.params)
 
     def plan(self, shift: int) -> Pass:
+        if self.group is not None:
+            return self.group.plan(self)
         L, start, end = self.block_length, self.block_start, self.block_end
         ar = self.sampler.ar_first_token and start < self.length and self.canvas[start] == self.mask_id and start
         if self.paged and self.num_cached < start:
@@ -111,6 +128,9 @@ class BlockSequence(Sequence):
         return Pass(start, end, cands, paged=True, kv_end=end, block_size=L, masked=masked)
 
     def apply(self, step: Pass, commit=None, ar_tokens: list[int] | None = None) -> None:
+        if self.group is not None:
+            self.group.apply(self, step, commit, ar_tokens)
+            return
         if step.kind == "cache":
             self.num_cache_passes += 1
             if step.paged:

@@ -10,7 +10,10 @@ whose sub-block starts with a committed slot feeds only the sub-block and reads 
 block's keys and values as the block's last full pass left them.
 
 The reference generates ``max_new_tokens // L`` blocks after the prompt's block and then the next
-block's autoregressive first token; ``dlm parity`` asks for exactly that many tokens.
+block's autoregressive first token; ``dlm parity`` asks for exactly that many tokens. Its eval
+sampler (``v2/generation_functions.py:batch_sample``) decodes a batch's rows together, so one row's
+passes depend on the others'; requests joined into one batch (engine/requests/block_sequence.py,
+``BatchSample``) are decoded that way, with this sampler deciding each row's commits.
 """
 
 from __future__ import annotations
