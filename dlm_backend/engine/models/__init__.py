@@ -6,6 +6,7 @@ from dlm_backend.hookspecs import hookimpl
 BUILTIN_MODELS = {
     "LLaDAModelLM": "dlm_backend.engine.models.llada:LLaDAModelLM",
     "DreamModel": "dlm_backend.engine.models.dream:DreamModel",
+    "LLaDAMoEModelLM": "dlm_backend.engine.models.llada_moe:LLaDAMoEModelLM",
     "LLaDA2MoeModelLM": "dlm_backend.engine.models.llada2:LLaDA2MoeModelLM",
     "SDARForCausalLM": "dlm_backend.engine.models.sdar:SDARForCausalLM",
     "SDARMoeForCausalLM": "dlm_backend.engine.models.sdar:SDARMoeForCausalLM",

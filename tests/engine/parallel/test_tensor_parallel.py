@@ -1,5 +1,6 @@
 """Tensor parallelism on CPU: two gloo ranks (this process and one worker) give the tokens and logits
-of one device, for a full-sequence family, a shifted one, a block MoE and a block dense one."""
+of one device, for a full-sequence family (dense and MoE), a shifted one, a block MoE and a block
+dense one."""
 
 import pytest
 import torch
@@ -11,6 +12,7 @@ from dlm_backend.engine.forward.batch import ForwardBatch
 MODELS = {
     "llada": (PARITY / "llada-tiny", {}),
     "dream": (PARITY / "dream-tiny", {}),
+    "llada_moe": (PARITY / "llada-moe-tiny", {"mask_token_id": 300}),                  # not in config.json
     "llada2": (FIXTURES / "parity-block" / "llada2-tiny", {"mask_token_id": 494}),    # its tokenizer's
     "sdar": (FIXTURES / "parity-block" / "sdar-tiny", {}),
 }

@@ -20,6 +20,7 @@ from dlm_backend.errors import DLMError
 MODELS = {
     "llada": (PARITY / "llada-tiny", {}),
     "dream": (PARITY / "dream-tiny", {}),
+    "llada_moe": (PARITY / "llada-moe-tiny", {"mask_token_id": 300}),
     "llada2": (FIXTURES / "parity-block" / "llada2-tiny", {"mask_token_id": 494}),
     "sdar": (FIXTURES / "parity-block" / "sdar-tiny", {}),
     "fastdllm2": (FIXTURES / "parity-block" / "fastdllm2-tiny", {"mask_token_id": 1}),
