@@ -7,6 +7,7 @@ generated token and wall-clock time relative to the baseline (median of --repeat
 
     python benchmarks/bench_engine.py                       # tiny parity checkpoint
     python benchmarks/bench_engine.py --synthetic           # a larger random LLaDA-shaped one
+    python benchmarks/bench_engine.py --model tests/fixtures/parity/llada-moe-tiny --mask-token-id 300
 """
 
 from __future__ import annotations
@@ -99,12 +100,15 @@ def main() -> None:
     ap.add_argument("--factor", type=float, default=3.0)
     ap.add_argument("--gamma", type=float, default=2.0)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--mask-token-id", type=int, default=None,
+                    help="for a checkpoint whose config.json names none (llada-moe-tiny: 300, its cases.json's)")
     args = ap.parse_args()
 
     tmp = tempfile.TemporaryDirectory()
     model_path = synthetic_checkpoint(Path(tmp.name) / "synthetic") if args.synthetic else Path(args.model)
     torch.set_num_threads(torch.get_num_threads())
-    llm = LLM(str(model_path), device="cpu", dtype="float32")
+    overrides = {} if args.mask_token_id is None else {"mask_token_id": args.mask_token_id}
+    llm = LLM(str(model_path), device="cpu", dtype="float32", config_overrides=overrides)
     engine = llm.engine
     mask_id = engine.tokens.mask_id
     prompt = [(7 * i + 3) % min(mask_id, 256) for i in range(args.prompt_len)]
