@@ -35,6 +35,7 @@ from dlm_backend.engine.checkpoint.gguf_tokenizer import build_tokenizer
 from dlm_backend.engine.checkpoint.sources import Entry, TensorSource
 from dlm_backend.engine.checkpoint.tokenizer import Tokenizer
 from dlm_backend.engine.models.registry import from_config_json, resolve_model_class
+from dlm_backend.engine.quant.experts import QuantizedExperts
 from dlm_backend.engine.quant.int_weight import IntWeight
 
 #: Reads the header may take: one per scalar, two per string, each kept by the reader as a small
@@ -152,7 +153,9 @@ class GGUFSource(TensorSource):
     def __init__(self, file: GGUFFile):
         self.file, fam = file, file.family
         file.config()                               # the metadata checked before any name is mapped
-        self.names_of = name_map(fam, file.meta.get(f"{fam.arch}.block_count", int))
+        layers = file.meta.get(f"{fam.arch}.block_count", int)
+        self.names_of = name_map(fam, layers)
+        self.stacked = {t.format(bid=bid) for t in fam.stacked for bid in range(layers)}
         self.total_bytes = file.path.stat().st_size
         self.label = str(file.path)
         odd = {n: t.tensor_type for n, t in file.tensors.items() if t.tensor_type not in READ_TYPES}
@@ -162,6 +165,15 @@ class GGUFSource(TensorSource):
                                   if len(odd) > 1 else "") + ", a type this engine does not read. It reads "
                                   f"{', '.join(t.name for t in READ_TYPES)}: use a file quantized to one of them "
                                   "(Q4_K_M, Q5_K_M, Q6_K, Q8_0 or F16), or the model's safetensors release.")
+
+    def _experts(self, tensor, shape: tuple[int, ...], kind) -> QuantizedExperts:
+        """A stacked ``[E, N, K]`` quantized tensor as E per-expert IntWeights: its rows are whole
+        blocks, so the E * N rows unpack as one matrix and split by expert."""
+        experts, rows, cols = shape
+        levels, scales, offsets, bits = unpack(tensor.data, kind, experts * rows, cols)
+        split = (lambda a: [None] * experts if a is None else torch.from_numpy(a).split(rows))
+        return QuantizedExperts([IntWeight(q, s, o, bits) for q, s, o in
+                                 zip(split(levels), split(scales), split(offsets))])
 
     def names(self) -> list[str]:
         return [self.names_of.get(name, name) for name in self.file.tensors]
@@ -175,7 +187,7 @@ class GGUFSource(TensorSource):
             yield Entry(hf, self.file.shapes[name], read, read)
             progress(int(tensor.n_bytes))
 
-    def _read(self, tensor, hf: str, target: str) -> torch.Tensor | IntWeight:
+    def _read(self, tensor, hf: str, target: str) -> torch.Tensor | IntWeight | QuantizedExperts:
         shape, kind, fam = self.file.shapes[tensor.name], tensor.tensor_type, self.file.family
         heads = permuted_heads(fam, self.file.meta, hf)
         what = f"{self.file.path}: {tensor.name}"
@@ -187,9 +199,11 @@ class GGUFSource(TensorSource):
             value = value.view(torch.bfloat16) if kind == T.BF16 else value
             value = value if heads is None else _unpermute(value, heads, what)
             return value.to(target)
+        if len(shape) == 3 and hf in self.stacked:
+            return self._experts(tensor, shape, kind)
         if len(shape) != 2:
             raise CheckpointError(f"{what} is a {len(shape)}-D {kind.name} tensor; this engine reads quantized "
-                                  "weights of 2 dimensions only.")
+                                  "weights of 2 dimensions only (and stacked experts of 3).")
         levels, scales, offsets, bits = unpack(tensor.data, kind, *shape)
         q, scale = torch.from_numpy(levels), torch.from_numpy(scales)
         offset = None if offsets is None else torch.from_numpy(offsets)

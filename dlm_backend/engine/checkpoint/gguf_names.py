@@ -18,11 +18,19 @@ runner's reading of it in ``examples/diffusion/diffusion-cli.cpp`` at 15ad8f42):
 * ``dream`` (``DreamModel``): the same ``TextModel`` keys from the Qwen2 fields, causal false and
   ``tokenizer.ggml.mask_token_id``; no permutation (llama.cpp runs Dream with NEOX rope, as HF does).
   ``diffusion.shift_logits`` is absent, which llama.cpp's diffusion runner reads as shifted.
+* ``llada-moe`` (``LLaDAMoEModel`` in ``conversion/llada.py``): the ``TextModel`` keys (``.feed_forward_length``
+  <- dense_intermediate_size, ``.expert_count``, ``.expert_used_count``), ``.expert_feed_forward_length``,
+  ``tokenizer.ggml.mask_token_id`` 156895, causal and shift_logits false; no permutation (NEOX rope).
+  The experts of a layer are stacked into ``blk.N.ffn_{gate,up,down}_exps`` [E, I, D] / [E, D, I]. llama.cpp
+  builds every layer routed, full rotary, QK-norm present and no shared expert (its table for this
+  architecture has none); a shared expert is read under the names llama.cpp gives other MoEs
+  (``ffn_*_shexp``, Qwen2-MoE's), width from the tensor, when a file carries one.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -115,6 +123,12 @@ class Family:
     permuted: bool                              # q/k rows interleaved for llama.cpp's rope
     logits_shift: int
     bias_field: str | None = None               # set when the file has q/k/v biases
+    #: HF names of whole expert stacks (``{bid}`` for the layer): loaded under the stacked parameter's name
+    stacked: tuple[str, ...] = ()
+    #: (GGUF template, HF template) pairs the architecture's TensorNameMap lacks
+    extra_tensors: tuple[tuple[str, str], ...] = ()
+    #: config fields that are not metadata keys: (metadata, config so far, tensor shapes) -> None
+    derive: Callable[[Meta, dict, dict], None] | None = None
 
     @property
     def gguf_arch(self) -> gguf.MODEL_ARCH:
@@ -151,9 +165,46 @@ FAMILIES = {
             "post_attention_layernorm", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"))),
         ("model.embed_tokens.weight", "lm_head.weight"), False, 1),
 }
+
+
+def _llada_moe(meta: Meta, config: dict, tensors: dict) -> None:
+    """What llama.cpp's llada-moe graph fixes rather than reads (every layer routed, rotary over the
+    whole head, softmax router without expert bias), and the widths it may leave to the tensors."""
+    config.update(moe_layer_freq=[1] * config["num_hidden_layers"], partial_rotary_factor=1.0, clip_qkv=None,
+                  moe_router_enable_expert_bias=False, qk_layernorm="blk.0.attn_q_norm.weight" in tensors)
+    gate = tensors.get("blk.0.ffn_gate_exps.weight")  # llama.cpp's fallback is n_ff / n_expert_used; this is exact
+    if "expert_intermediate_size" not in config and gate and len(gate) == 3:
+        config["expert_intermediate_size"] = gate[1]
+    shared = tensors.get("blk.0.ffn_gate_shexp.weight")
+    # null is the reference's "no shared expert"; an absent field would be its config class's -1
+    config.setdefault("shared_expert_intermediate_size", shared[0] if shared else None)
+
+
+_SHEXP = tuple((gguf.TENSOR_NAMES[t], f"model.layers.{{bid}}.shared_expert.{p}") for t, p in (
+    (gguf.MODEL_TENSOR.FFN_GATE_SHEXP, "gate_proj"), (gguf.MODEL_TENSOR.FFN_UP_SHEXP, "up_proj"),
+    (gguf.MODEL_TENSOR.FFN_DOWN_SHEXP, "down_proj")))
+
+FAMILIES["llada-moe"] = Family(
+    "llada-moe", "LLaDAMoEModelLM",
+    {"hidden_size": "embedding_length", "num_attention_heads": "attention.head_count",
+     "num_hidden_layers": "block_count", "dense_intermediate_size": "feed_forward_length",
+     "num_key_value_heads": "attention.head_count_kv", "max_position_embeddings": "context_length",
+     "rope_theta": "rope.freq_base", "rms_norm_eps": "attention.layer_norm_rms_epsilon",
+     "num_experts": "expert_count", "num_experts_per_tok": "expert_used_count",
+     "expert_intermediate_size": "expert_feed_forward_length",
+     "shared_expert_intermediate_size": "expert_shared_feed_forward_length"},
+    ("hidden_size", "num_attention_heads", "num_hidden_layers", "num_experts", "num_experts_per_tok", "rope_theta"),
+    ("vocab_size",), "tie_word_embeddings",
+    ("model.embed_tokens", "model.norm", "lm_head",
+     *(f"model.layers.{{bid}}.{n}" for n in
+       ("input_layernorm", "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+        "self_attn.q_norm", "self_attn.k_norm", "post_attention_layernorm", "mlp.gate"))),
+    ("model.embed_tokens.weight", "lm_head.weight"), False, 0, "attention_bias",
+    stacked=tuple(f"model.layers.{{bid}}.mlp.experts.{p}" for p in ("gate_proj", "up_proj", "down_proj")),
+    extra_tensors=_SHEXP, derive=_llada_moe)
+
 #: architectures llama.cpp's converter writes that this engine does not run from GGUF, and why
 NOT_RUN = {
-    "llada-moe": "LLaDA-MoE (llama.cpp's LLaDAMoEModel) has no implementation in this engine",
     "diffusion-gemma": "DiffusionGemma runs from its safetensors release only: its GGUF layout (Gemma 4 tensors "
                        "under llama.cpp's names, a SentencePiece vocabulary) is not mapped back yet",
 }
@@ -190,6 +241,8 @@ def hf_config(meta: Meta, fam: Family, tensors: dict[str, tuple[int, ...]]) -> d
     config[fam.tie_field] = "output.weight" not in tensors
     if fam.bias_field:
         config[fam.bias_field] = "blk.0.attn_q.bias" in tensors
+    if fam.derive is not None:
+        fam.derive(meta, config, tensors)
     scaling = meta.get(f"{a}.rope.scaling.type", str, "none")
     if scaling != "none" or "rope_freqs.weight" in tensors:       # rope_freqs: llama3-style scaling
         config["rope_scaling"] = {"rope_type": "llama3" if scaling == "none" else scaling}
@@ -226,6 +279,14 @@ def name_map(fam: Family, layers: int) -> dict[str, str]:
                 name = table.get_name(hf, try_suffixes=(".weight", ".bias"))
                 if name is not None:
                     out[name] = hf
+    for template in fam.stacked:                # the stacked parameter's own name, no ``.weight``
+        for bid in range(layers):
+            name = table.get_name(template.format(bid=bid) + ".weight", try_suffixes=(".weight",))
+            if name is not None:
+                out[name] = template.format(bid=bid)
+    for ours, hf in fam.extra_tensors:
+        for bid in range(layers):
+            out[ours.format(bid=bid) + ".weight"] = hf.format(bid=bid) + ".weight"
     return out
 
 

@@ -53,6 +53,9 @@ class Placement:
                 self._stack(into, entry)
             return
         owner, _, param = name.rpartition(".")
+        if name in expected and owner in self.experts:
+            self._expert_stack(entry, self.experts[owner])
+            return
         if name in expected and owner in self.shards:
             full = self.shards[owner].full_shape(param)
             if shape != full:
@@ -106,6 +109,16 @@ class Placement:
             return None
         local = module.local_index(index)
         return None if local is None else (param, local)
+
+    def _expert_stack(self, entry: Entry, module: StackedExperts) -> None:
+        """A whole ``[E, ...]`` stack (GGUF's ``ffn_*_exps``) under partitioned experts: this rank's."""
+        want = self.expected[entry.name]
+        full = ((module.mine.stop - module.mine.start) * module.tp.world, *want[1:])
+        if entry.shape != full:
+            self.shape_errors.append(f"{entry.name}: expected {list(full)}, found {list(entry.shape)}")
+            return
+        value = entry.read()[module.mine]                       # a tensor or a stack of quantized experts
+        self._put(entry.name, value if isinstance(value, QuantizedExperts) else value.clone())
 
     def _stack(self, into: tuple[str, int], entry: Entry) -> None:
         """One per-expert tensor into its slice of the stacked parameter (allocated on first use), or

@@ -1,7 +1,9 @@
 """GGUF files for the GGUF tests, written from a checkpoint folder in llama.cpp's converter layout.
 
 It mirrors llama.cpp's ``convert_hf_to_gguf.py`` (now split into ``conversion/``): ``LLaDAModel``
-(conversion/llada.py at commit 051139f511300aaf6159294433fab91c73ef7455) and ``DreamModel``
+(conversion/llada.py at commit 051139f511300aaf6159294433fab91c73ef7455), ``LLaDAMoEModel`` (the same file
+at llama.cpp 0c1e57098bba43ac29e6e3b677cdceebdd22334f: ``set_gguf_parameters`` and the Qwen2-MoE
+``modify_tensors`` that stacks each layer's experts into ``mlp.experts.{down,gate,up}_proj``) and ``DreamModel``
 (conversion/dream.py at 7bca1fd9ca2a681b0182e16f24f832b7be1942af) over ``TextModel.set_gguf_parameters``,
 ``_set_vocab_gpt2`` and ``get_vocab_base`` (conversion/base.py at 00bd27a621f92be9a99d24d7c5117a263b9b3c01).
 The architecture string, metadata keys, tensor names (through ``gguf.TensorNameMap``, the converter's
@@ -11,6 +13,12 @@ class. What the converter does through ``transformers.AutoTokenizer`` (listing t
 which added tokens are special) is done here with the ``tokenizers`` library on the same
 tokenizer.json. Nothing of the engine's is used, so a test compares the engine against the layout,
 not against itself.
+
+Two departures for LLaDA-MoE, both because llada-moe-tiny is not the released model: a config.json
+``mask_token_id`` (written by ``gguf.SpecialVocab``) replaces the converter's hard-coded 156895, which lies
+outside a 320-token vocabulary, and the
+fixture's shared expert, which the converter cannot map (its table for llada-moe has no shared-expert
+tensors; the released model has none), is written under llama.cpp's ``ffn_*_shexp`` names.
 """
 
 from __future__ import annotations
@@ -32,7 +40,10 @@ from dlm_backend.engine.engine_config import EngineConfig
 from dlm_backend.engine.models.registry import resolve_model_class
 from tests.helpers import make_chat_checkpoint
 
-ARCHES = {"LLaDAModelLM": gguf.MODEL_ARCH.LLADA, "DreamModel": gguf.MODEL_ARCH.DREAM}
+ARCHES = {"LLaDAModelLM": gguf.MODEL_ARCH.LLADA, "DreamModel": gguf.MODEL_ARCH.DREAM,
+          "LLaDAMoEModelLM": gguf.MODEL_ARCH.LLADA_MOE}
+SHEXP = {"gate_proj": gguf.MODEL_TENSOR.FFN_GATE_SHEXP, "up_proj": gguf.MODEL_TENSOR.FFN_UP_SHEXP,
+         "down_proj": gguf.MODEL_TENSOR.FFN_DOWN_SHEXP}
 
 
 def _find(hparams: dict, keys: list[str]):
@@ -45,16 +56,25 @@ def _parameters(w: gguf.GGUFWriter, hp: dict, arch: gguf.MODEL_ARCH, file_type: 
     for add, keys in ((w.add_context_length, ["max_position_embeddings", "n_ctx", "n_positions", "max_length",
                                               "max_sequence_length", "model_max_length"]),
                       (w.add_embedding_length, ["hidden_size", "n_embd", "dim"]),
-                      (w.add_feed_forward_length, ["intermediate_size", "n_inner", "hidden_dim"]),
+                      (w.add_feed_forward_length, ["prefix_dense_intermediate_size", "dense_intermediate_size",
+                                                   "intermediate_size", "n_inner", "hidden_dim"]),
                       (w.add_head_count, ["num_attention_heads", "n_head", "n_heads"]),
                       (w.add_head_count_kv, ["num_key_value_heads", "n_kv_heads"]),
                       (w.add_rope_freq_base, ["rope_theta"]),
-                      (w.add_layer_norm_rms_eps, ["rms_norm_eps", "norm_eps"])):
+                      (w.add_layer_norm_rms_eps, ["rms_norm_eps", "norm_eps"]),
+                      (w.add_expert_count, ["num_local_experts", "num_experts", "n_routed_experts"]),
+                      (w.add_expert_used_count, ["num_experts_per_tok", "num_experts_per_token", "top_k_experts"])):
         if (value := _find(hp, keys)) is not None:
             add(value)
     w.add_file_type(file_type)
     w.add_causal_attention(False)
-    if arch == gguf.MODEL_ARCH.DREAM:
+    if arch == gguf.MODEL_ARCH.LLADA_MOE:                   # LLaDAMoEModel.set_gguf_parameters
+        if hp.get("expert_intermediate_size") is not None:
+            w.add_expert_feed_forward_length(hp["expert_intermediate_size"])
+        if hp.get("mask_token_id") is None:                 # else gguf.SpecialVocab writes config.json's
+            w.add_mask_token_id(156895)
+        w.add_diffusion_shift_logits(False)
+    elif arch == gguf.MODEL_ARCH.DREAM:
         if hp.get("mask_token_id") is not None:
             w.add_mask_token_id(hp["mask_token_id"])
     else:                                                   # LLaDAModel.set_gguf_parameters
@@ -121,14 +141,16 @@ def write_gguf(folder: Path, out: Path, pre: str = "gpt-2", types: OutType = T.F
     names = gguf.get_tensor_name_map(arch, _find(hp, ["n_layers", "num_hidden_layers"]))
     heads = _find(hp, ["num_attention_heads", "n_heads"])
     kv_heads = _find(hp, ["num_key_value_heads", "n_kv_heads"])
-    for name, data in load_file(str(folder / "model.safetensors")).items():
+    for name, data in _merged(load_file(str(folder / "model.safetensors")), arch):
         data = data.astype(np.float32)
         if arch == gguf.MODEL_ARCH.LLADA:                   # LLaDAModel.modify_tensors (undo_permute = True)
             if name.endswith(("q_proj.weight", "q_proj.bias")):
                 data = llama_permute(data, heads)
             if name.endswith(("k_proj.weight", "k_proj.bias")):
                 data = llama_permute(data, kv_heads if kv_heads is not None and kv_heads != heads else heads)
-        new = names.get_name(name, try_suffixes=(".weight", ".bias"))
+        part = name.split(".")
+        new = (f"{gguf.TENSOR_NAMES[SHEXP[part[4]]].format(bid=part[2])}.weight" if "shared_expert" in part
+               else names.get_name(name, try_suffixes=(".weight", ".bias")))
         kind = _out_type(types, new, data)
         if kind in (T.F32, T.F16):
             w.add_tensor(new, data.astype(np.float16 if kind == T.F16 else np.float32))
@@ -141,6 +163,21 @@ def write_gguf(folder: Path, out: Path, pre: str = "gpt-2", types: OutType = T.F
     w.write_tensors_to_file()
     w.close()
     return out
+
+
+def _merged(state: dict[str, np.ndarray], arch: gguf.MODEL_ARCH):
+    """(name, tensor) as the converter hands them on: for LLaDA-MoE each layer's experts stacked on a new
+    first axis in expert order, as ``model.layers.{bid}.mlp.experts.{w_name}.weight``, down, gate, up."""
+    experts = {}
+    for name, data in state.items():
+        part = name.split(".")
+        if arch == gguf.MODEL_ARCH.LLADA_MOE and "experts" in part:
+            experts.setdefault((int(part[2]), part[6]), {})[int(part[5])] = data
+        else:
+            yield name, data
+    for (bid, w_name), by_index in sorted(experts.items(), key=lambda kv: (kv[0][0], ["down_proj", "gate_proj",
+                                                                                     "up_proj"].index(kv[0][1]))):
+        yield f"model.layers.{bid}.mlp.experts.{w_name}.weight", np.stack([by_index[i] for i in sorted(by_index)])
 
 
 #: byte offsets of each block's float16 fields (scales), per type: the rest of a block is levels

@@ -108,11 +108,12 @@ def _metadata_only(path, arch: str, **keys) -> None:
 def test_an_unknown_or_unrun_architecture_is_named(tmp_path):
     _metadata_only(tmp_path / "m.gguf", "mystery")
     with pytest.raises(CheckpointError, match=r"m.gguf: GGUF architecture 'mystery' is not supported\. Supported GGUF "
-                                              r"architectures: llada, dream\."):
+                                              r"architectures: llada, dream, llada-moe\."):
         LLM(str(tmp_path / "m.gguf")).engine
-    _metadata_only(tmp_path / "moe.gguf", "llada-moe")
-    with pytest.raises(CheckpointError, match=r"'llada-moe' is not supported \(LLaDA-MoE .* has no implementation"):
-        context_length(str(tmp_path / "moe.gguf"))
+    _metadata_only(tmp_path / "dg.gguf", "diffusion-gemma")
+    with pytest.raises(CheckpointError, match=r"'diffusion-gemma' is not supported \(DiffusionGemma runs from its "
+                                              r"safetensors release only"):
+        context_length(str(tmp_path / "dg.gguf"))
 
 
 def test_an_unsupported_tensor_type_is_named_before_anything_is_built(tmp_path):
