@@ -15,7 +15,7 @@ from tests.helpers import FIXTURES
 
 from dlm_backend.engine.checkpoint.folder import read_config
 from dlm_backend.engine.checkpoint.weights import load_model
-from dlm_backend.engine.layers import ForwardContext, PackedAttention, Segment, forward_context
+from dlm_backend.parity.forward import packed_logits
 from dlm_backend.engine.models.llada2 import LLaDA2MoeModelLM, LLaDA2MoeSparseMoeBlock
 from dlm_backend.errors import CheckpointError
 from dlm_backend.parity import check_fixture
@@ -36,12 +36,9 @@ def model():
     return load_model(FIXTURE, {**read_config(FIXTURE), **MASK}, CPU, FP32)
 
 
-def block_forward(model, rows: list[torch.Tensor]) -> torch.Tensor:
-    T = len(rows[0])
-    segments = [Segment(slice(i * T, (i + 1) * T), 0, block_size=L) for i in range(len(rows))]
-    with torch.no_grad(), forward_context(ForwardContext(PackedAttention(segments))):
-        hidden = model(torch.cat(rows), torch.arange(T).repeat(len(rows)))
-        return model.compute_logits(hidden).view(len(rows), T, -1)
+def block_forward(model, rows) -> torch.Tensor:
+    """Logits of each row (each at positions 0..), block-causal with L: dlm parity's own forward."""
+    return packed_logits(model, torch.stack(list(rows)), L)
 
 
 def test_the_fixture_holds_the_references_shapes():
