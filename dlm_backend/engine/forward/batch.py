@@ -42,9 +42,10 @@ class ForwardBatch:
         """Append one pass (and its unconditional copy with ``cfg``); returns the rows holding its
         candidates' predictions (conditional ones first)."""
         row0, n = len(self.ids), step.end - step.start
-        self.ids += seq.canvas[step.start:step.end]
-        self.positions += range(step.start, step.end)
-        rows = [row0 + max(p - shift - step.start, 0) for p in step.candidates]
+        fed = step.fed
+        self.ids += [seq.canvas[p] for p in fed]
+        self.positions += fed
+        rows = step.rows(row0, shift)
         if step.decoder:
             self.decoder_rows += range(row0, row0 + n)
             self.conditioning.append((n, step.conditioning))
@@ -61,7 +62,7 @@ class ForwardBatch:
             self.plain.append((row1, row1 + n, step.start, step.block_size))
             self.ids += [mask_id] * seq.prompt_len + seq.canvas[seq.prompt_len:step.end]
             self.positions += range(step.start, step.end)
-            rows += [row1 + max(p - shift - step.start, 0) for p in step.candidates]
+            rows += step.rows(row1, shift)
         return rows
 
     def tensors(self, pool, device: torch.device, hidden_size: int, dtype: torch.dtype):

@@ -114,7 +114,7 @@ class BlockGraphs:
 
     @staticmethod
     def fits(step) -> bool:
-        return step.paged and step.kind == "denoise" and not step.cfg
+        return step.paged and step.kind == "denoise" and not step.cfg and step.order is None
 
     def split(self, seqs, steps) -> list[int]:
         """Indices of the largest group of paged denoise passes sharing one length (at most the largest
@@ -141,5 +141,5 @@ class BlockGraphs:
             if self.capture:
                 static.capture(self.mempool)
         static.load(seqs, steps)
-        rows = [[i * q_len + max(p - shift - st.start, 0) for p in st.candidates] for i, st in enumerate(steps)]
+        rows = [st.rows(i * q_len, shift) for i, st in enumerate(steps)]
         return static.run(), rows

@@ -41,6 +41,13 @@ class Pass:
     causal (DiffusionGemma's encoder); ``decoder`` marks a pass of an encoder-decoder family's
     decoder (DiffusionGemma's denoising), whose rows add ``conditioning`` (the request's
     self-conditioning input, [n, D] on the device; None: nothing yet) to their embeddings.
+
+    ``order`` feeds the canvas positions in another order than ``start..end`` (WeDLM's topological
+    reordering: committed slots first, then the masked ones): row i holds ``canvas[order[i]]`` at
+    rotary position ``order[i]``, its keys go to slot ``start + i`` and (block-)causal attention
+    follows the rows, not the positions. ``shift`` reads this pass's candidates at another offset
+    than the model's ``logits_shift`` (a family whose denoise passes read a slot at itself and whose
+    causal passes read the next token one row back).
     """
 
     start: int
@@ -54,10 +61,27 @@ class Pass:
     masked: list[bool] = field(default_factory=list)     # per candidate: still masked (empty: all are)
     decoder: bool = False
     conditioning: object = None
+    order: list[int] | None = None
+    shift: int | None = None
 
     @property
     def num_tokens(self) -> int:
         return (self.end - self.start) * (2 if self.cfg else 1)
+
+    @property
+    def fed(self) -> list[int]:
+        """The canvas position each fed row holds (also its rotary position)."""
+        return self.order if self.order is not None else list(range(self.start, self.end))
+
+    def rows(self, row0: int, shift: int) -> list[int]:
+        """The rows (from ``row0``) holding each candidate's prediction, read ``shift`` positions back
+        (this pass's own ``shift`` where it has one); a slot whose source is not fed (the first slot
+        of a shifted pass) is read at the first row."""
+        shift = self.shift if self.shift is not None else shift
+        if self.order is None:
+            return [row0 + max(p - shift - self.start, 0) for p in self.candidates]
+        at = {p: i for i, p in enumerate(self.order)}
+        return [row0 + at.get(p - shift, 0) for p in self.candidates]
 
 
 @dataclass
