@@ -22,8 +22,12 @@ from dlm_backend.engine.checkpoint.folder import checkpoint_config, resolve_chec
 from dlm_backend.engine.engine import LLMEngine
 from dlm_backend.engine.engine_config import EngineConfig
 from dlm_backend.errors import CheckpointError, DLMError
-from dlm_backend.parity.cases import SAMPLERS, Run
+from dlm_backend.parity import nemotron_cases
+from dlm_backend.parity.cases import SAMPLERS as CASES, Run
 from dlm_backend.parity.forward import fixture_checks
+
+#: reference sampler name -> its engine mapping, every family's
+SAMPLERS = {**CASES, **nemotron_cases.SAMPLERS}
 
 #: Why a fragile case's mismatch is reported and not failed (the fixture READMEs' "fragility flags").
 FRAGILE = ("fragile: the reference's own tokens change under 1e-4 of logit noise, so they are exact only "

@@ -12,6 +12,7 @@ BUILTIN_MODELS = {
     "SDARMoeForCausalLM": "dlm_backend.engine.models.sdar:SDARMoeForCausalLM",
     "Fast_dLLM_QwenForCausalLM": "dlm_backend.engine.models.fastdllm2:Fast_dLLM_QwenForCausalLM",
     "DiffusionGemmaForBlockDiffusion": "dlm_backend.engine.models.diffusion_gemma:DiffusionGemmaForBlockDiffusion",
+    "NemotronLabsDiffusionModel": "dlm_backend.engine.models.nemotron_labs:NemotronLabsDiffusionModel",
 }
 
 

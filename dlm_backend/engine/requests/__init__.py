@@ -1,5 +1,6 @@
 """One request decoded pass by pass: what every request has (sequence.py), how each kind of family
-decodes it (canvas_sequence.py, block_sequence.py, uniform_sequence.py), its committed text and stop
+decodes it (canvas_sequence.py, block_sequence.py, uniform_sequence.py,
+causal_block_sequence.py), its committed text and stop
 strings (detokenizer.py), and the checks it passes before it is queued (admission.py).
 
 The ways of decoding are request schedules, registered by name through the ``register_schedules``
@@ -7,14 +8,16 @@ hook as a plugin's are; a model family names its own (``DiffusionLM.schedule``).
 
 from dlm_backend.engine.requests.block_sequence import BlockSequence
 from dlm_backend.engine.requests.canvas_sequence import CanvasSequence
+from dlm_backend.engine.requests.causal_block_sequence import CausalBlockSequence
 from dlm_backend.engine.requests.sequence import Sequence
 from dlm_backend.engine.requests.uniform_sequence import UniformSequence
 from dlm_backend.errors import PluginError
 from dlm_backend.hookspecs import hookimpl
 
 #: The built-in schedules: full-sequence (LLaDA, Dream), block-diffusion (LLaDA2, SDAR, Fast-dLLM v2),
-#: uniform noise (DiffusionGemma).
-BUILTIN_SCHEDULES = {"full": CanvasSequence, "block": BlockSequence, "uniform": UniformSequence}
+#: uniform noise (DiffusionGemma), block diffusion with causal context (Nemotron-Labs-Diffusion).
+BUILTIN_SCHEDULES = {"full": CanvasSequence, "block": BlockSequence, "uniform": UniformSequence,
+                     "causal_block": CausalBlockSequence}
 
 
 @hookimpl

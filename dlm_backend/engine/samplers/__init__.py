@@ -8,12 +8,14 @@ from dlm_backend.engine.samplers.factor import FactorSampler
 from dlm_backend.engine.samplers.fastdllm2 import FastDLLM2Sampler
 from dlm_backend.engine.samplers.llada import LLaDASampler
 from dlm_backend.engine.samplers.llada2 import LLaDA2EditSampler, LLaDA2Sampler
+from dlm_backend.engine.samplers.nemotron import NemotronARSampler, NemotronSampler, NemotronSpecSampler
 from dlm_backend.engine.samplers.sdar import SDARSampler
 from dlm_backend.engine.samplers.threshold import ThresholdSampler
 from dlm_backend.hookspecs import hookimpl
 
 BUILTIN_SAMPLERS = (LLaDASampler, DreamSampler, ThresholdSampler, FactorSampler, EntropyBoundedSampler,
-                    LLaDA2Sampler, LLaDA2EditSampler, SDARSampler, FastDLLM2Sampler, DiffusionGemmaSampler)
+                    LLaDA2Sampler, LLaDA2EditSampler, SDARSampler, FastDLLM2Sampler, DiffusionGemmaSampler,
+                    NemotronSampler, NemotronARSampler, NemotronSpecSampler)
 
 
 @hookimpl
