@@ -119,6 +119,18 @@ GEMMA = (
     "\"arguments\": {{ c['function']['arguments'] | tojson }}}\n</tool_call>{% endfor %}<end_of_turn>\n{% endfor %}"
     "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
 )
+# A Mistral-style chat format for Nemotron-Labs-Diffusion, written for these tests ([INST] turns after
+# <s>; tools as Hermes <tool_call> blocks, the one format the chat layer writes and reads).
+MISTRAL = (
+    "{{ bos_token }}{% if tools %}[SYSTEM_PROMPT]You can call tools:\n{% for t in tools %}{{ t | tojson }}\n"
+    "{% endfor %}[/SYSTEM_PROMPT]{% endif %}"
+    "{% for m in messages %}{% if m['role'] == 'assistant' %}{{ m['content'] or '' }}"
+    "{% for c in m.get('tool_calls') or [] %}<tool_call>\n{\"name\": \"{{ c['function']['name'] }}\", "
+    "\"arguments\": {{ c['function']['arguments'] | tojson }}}\n</tool_call>{% endfor %}{{ eos_token }}"
+    "{% elif m['role'] == 'system' %}[SYSTEM_PROMPT]{{ m['content'] }}[/SYSTEM_PROMPT]"
+    "{% elif m['role'] == 'tool' %}[INST]<tool_response>\n{{ m['content'] }}\n</tool_response>[/INST]"
+    "{% else %}[INST]{{ m['content'] }}[/INST]{% endif %}{% endfor %}"
+)
 #: Gemma's special tokens at the ids its tokenizer gives them (the fixture's config: pad 0, eos 1,
 #: bos 2; generation_config's second EOS, 106, is <end_of_turn>)
 GEMMA_SPECIALS = {0: "<pad>", 1: "<eos>", 2: "<bos>", 105: "<start_of_turn>", 106: "<end_of_turn>"}
@@ -145,6 +157,9 @@ BLOCK_FAMILIES = {
              {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "mask_token": "<|MASK|>"}),
     "fastdllm2": ("fastdllm2-tiny", {478: "<|endoftext|>", 479: "<|im_start|>", 480: "<|im_end|>", 500: "|<MASK>|"},
                   CHATML, {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "mask_token": "|<MASK>|"}),
+    "nemotron": ("nemotron-labs-tiny", {310: "<mask>", 311: "</s>", 312: "<s>", 313: "<pad>", 314: "[INST]",
+                                        315: "[/INST]", 316: "[SYSTEM_PROMPT]", 317: "[/SYSTEM_PROMPT]"}, MISTRAL,
+                 {"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>", "mask_token": "<mask>"}),
     "diffusiongemma": ("diffusiongemma-tiny", GEMMA_SPECIALS, GEMMA,
                        {"bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>"}),
 }

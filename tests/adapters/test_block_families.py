@@ -1,6 +1,6 @@
 """Every front door on the block-diffusion families: LLaDA2 (Ling chat format, the mask id from the
 tokenizer), SDAR and Fast-dLLM v2 (ChatML), DiffusionGemma (Gemma turns, uniform noise: no mask
-token at all), tiny checkpoints in their official formats with a tokenizer and chat template. The weights are random, so what is checked is the plumbing: text and
+token at all), Nemotron-Labs-Diffusion (Mistral turns, causal context), tiny checkpoints in their official formats with a tokenizer and chat template. The weights are random, so what is checked is the plumbing: text and
 streams agree, forced tool calls and skeleton structured output parse, knobs reach the engine.
 DiffusionGemma has no greedy mode (every step samples), so requests compared with each other are
 seeded (the seed changes nothing for the greedy families)."""
@@ -13,7 +13,7 @@ from tests.helpers import make_block_chat_checkpoint, serve_in_thread
 
 from dlm_backend import LLM
 
-FAMILIES = ["llada2", "sdar", "fastdllm2", "diffusiongemma"]
+FAMILIES = ["llada2", "sdar", "fastdllm2", "diffusiongemma", "nemotron"]
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city.",
                                            "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
                                                           "required": ["city"]}}}]
@@ -33,7 +33,8 @@ def test_llm_chat_and_stream_agree_and_use_the_family_sampler(block_chat):
     params = llm.sampling_params(max_tokens=24, seed=7)
     assert params.sampler == {"LLaDA2MoeModelLM": "llada2", "SDARForCausalLM": "sdar",
                               "Fast_dLLM_QwenForCausalLM": "fastdllm2",
-                              "DiffusionGemmaForBlockDiffusion": "diffusiongemma"}[family]
+                              "DiffusionGemmaForBlockDiffusion": "diffusiongemma",
+                              "NemotronLabsDiffusionModel": "nemotron"}[family]
     messages = [{"role": "user", "content": "Name three colors."}]
     out = llm.chat(messages, params)
     assert out.finish_reason in ("stop", "length") and len(out.token_ids) <= 24

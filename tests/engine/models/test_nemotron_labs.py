@@ -199,3 +199,13 @@ def test_a_missing_field_is_named_through_the_engine(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(c))
     with pytest.raises(DLMError, match="intermediate_size"):
         LLM(str(tmp_path), dtype="float32")
+
+
+def test_self_speculation_outputs_what_autoregressive_decoding_outputs(llm):
+    """Greedy self-speculation keeps only tokens the causal pass predicts, so its output is the
+    autoregressive one, in fewer passes when drafts are kept (random weights keep few)."""
+    for c in CASES["cases"][:4]:
+        ar, spec = (llm.generate(prompt_token_ids=[c["prompt"]], sampling_params=SamplingParams(
+            sampler=s, max_tokens=20, ignore_eos=True, block_length=4))[0] for s in ("nemotron_ar", "nemotron_spec"))
+        assert spec.token_ids == ar.token_ids and len(ar.token_ids) == 20
+        assert ar.num_cache_passes == 20 and ar.num_forward_passes == 0
