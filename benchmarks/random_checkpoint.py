@@ -22,7 +22,7 @@ _STACKED = re.compile(r"^(.+\.experts)\.(gate_proj|up_proj|down_proj)$")
 
 def block_config(family: str, hidden: int = 256, layers: int = 4, vocab: int = 4096, heads: int = 4,
                  kv_heads: int = 2, experts: int = 16, block: int = 32, max_len: int = 4096) -> dict:
-    """config.json of a random ``family`` model ("llada2", "sdar" or "fastdllm2")."""
+    """config.json of a random ``family`` model ("llada2", "sdar", "fastdllm2", "nemotron" or "diffusiongemma")."""
     head_dim = hidden // heads
     common = {"vocab_size": vocab, "hidden_size": hidden, "num_hidden_layers": layers, "num_attention_heads": heads,
               "num_key_value_heads": kv_heads, "head_dim": head_dim, "intermediate_size": 4 * hidden,
@@ -42,6 +42,12 @@ def block_config(family: str, hidden: int = 256, layers: int = 4, vocab: int = 4
     if family == "fastdllm2":
         return {**common, "architectures": ["Fast_dLLM_QwenForCausalLM"], "model_type": "Fast_dLLM_Qwen",
                 "bd_size": block, "mask_token_id": vocab - 1, "rope_theta": 1000000.0, "head_dim": None}
+    if family == "nemotron":        # the released 3B's rope_parameters (YaRN 0.25, Llama 4 query scale)
+        return {**common, "architectures": ["NemotronLabsDiffusionModel"], "model_type": "nemotron_labs_diffusion",
+                "block_size": block, "mask_token_id": vocab - 1, "dlm_paradigm": "bidirectional",
+                "rope_parameters": {"rope_type": "yarn", "rope_theta": 1000000.0, "factor": 0.25,
+                                    "original_max_position_embeddings": 16384, "beta_fast": 32.0, "beta_slow": 1.0,
+                                    "mscale": 1.0, "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.1}}
     if family == "diffusiongemma":
         return dgemma_config(hidden, layers, vocab, heads, kv_heads, experts, block, max_len)
     raise ValueError(f"unknown family {family!r}")
