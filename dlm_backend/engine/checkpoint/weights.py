@@ -75,7 +75,7 @@ def load_model(folder: Path, config: dict, device: torch.device, dtype: torch.dt
         for entry in source.entries(target, bar.update):
             if not entry.name.startswith(cls.ignored_prefixes):
                 placed.add(entry)
-    placed.check(folder, cls.__name__, bool(config.get("tie_word_embeddings") or config.get("weight_tying")))
+    placed.check(folder, cls.__name__, model.args.tie_word_embeddings)          # as the family read its config
     placed.finish(device)
     model.setup(device)
     return model.eval().requires_grad_(False)

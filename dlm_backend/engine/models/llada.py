@@ -82,6 +82,12 @@ class LLaDAModelLM(DiffusionLM):
         if not r.bool("rope", default=True) or r.bool("alibi"):
             raise CheckpointError("config.json: rope: false or alibi: true asks for learned or ALiBi positions; "
                                   "this engine implements LLaDA with rope: true only (the released checkpoints).")
+        if r.bool("include_bias"):
+            # The reference's OLMo option: biases on q/k/v, attn_out, ff_proj, up_proj, ff_out and the
+            # head; no released LLaDA checkpoint sets it (include_qkv_bias, the q/k/v ones, is supported).
+            raise CheckpointError("config.json: include_bias: true puts a bias on every linear layer, which no "
+                                  "released LLaDA checkpoint uses and this engine does not implement. Use a "
+                                  "checkpoint with include_bias: false (include_qkv_bias is supported).")
         vocab = r.int("embedding_size", "vocab_size", high=MAX_VOCAB)
         hidden, heads = r.int("d_model"), r.int("n_heads", high=MAX_HEADS)
         kv_heads = r.int("n_kv_heads", default=heads, high=MAX_HEADS)
@@ -95,12 +101,13 @@ class LLaDAModelLM(DiffusionLM):
             mask_token_id=r.int("mask_token_id", default=126336, low=0, high=vocab - 1),
             eos_token_ids=r.token_ids("eos_token_id", vocab), pad_token_id=r.token_id("pad_token_id", vocab),
             bos_token_id=r.token_id("bos_token_id", vocab),
-            tie_word_embeddings=r.bool("weight_tying"))
+            # the reference ModelConfig's default is tied (weight_tying = True); the releases say false
+            tie_word_embeddings=r.bool("weight_tying", default=True))
 
     @classmethod
     def from_config(cls, c: dict) -> "LLaDAModelLM":
         r = ConfigReader(c)
-        return cls(cls.args_from_config(c), qkv_bias=r.bool("include_qkv_bias") or r.bool("include_bias"))
+        return cls(cls.args_from_config(c), qkv_bias=r.bool("include_qkv_bias"))
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         t = self.model.transformer

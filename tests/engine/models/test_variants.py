@@ -5,7 +5,8 @@ the model builds (at full size and scaled down) on the meta device.
 Only configs found verbatim are in the table; each entry names where it was read. The HF hub is not
 reachable from here, so the sources are GitHub copies of the HF repos and HF pages held by the
 search index. Not found (so not tested): TraDo-4B/8B-Instruct, DiffuCoder-7B-Instruct/-cpGRPO, the
-SDAR "-b8".."-b64" block-size checkpoints, LLaDA2.1-flash.
+SDAR "-b8".."-b64" block-size checkpoints, LLaDA2.1-flash,
+WeDLM-7B/8B (Base and Instruct).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from dlm_backend.engine.checkpoint.folder import read_config
 from dlm_backend.engine.models.dream import DreamModel
 from dlm_backend.engine.models.llada import LLaDAModelLM
 from dlm_backend.engine.models.llada2 import LLaDA2MoeModelLM
+from dlm_backend.engine.models.nemotron_labs import NemotronLabsDiffusionModel
 from dlm_backend.engine.models.registry import from_config_json, resolve_model_class
 from dlm_backend.engine.models.sdar import SDARForCausalLM
 from dlm_backend.errors import CheckpointError
@@ -185,6 +187,25 @@ LLADA2_1_MINI_SEEN = {
 LLADA2_1_MINI = {**LLADA2_1_MINI_SEEN, "vocab_size": 157184}
 
 # name -> (config.json, family, what args_from_config must read from it)
+# nvidia/Nemotron-Labs-Diffusion-3B-Base config.json, field by field as a port's notes list them from the
+# downloaded file ("Base Config Inventory" of the Deliverance project's Nemotron Labs Diffusion port
+# plan, in the search index): not a verbatim copy, the one listing of the released values found.
+NEMOTRON_3B = {
+    "architectures": ["NemotronLabsDiffusionModel"], "model_type": "nemotron_labs_diffusion",
+    "auto_map": {"AutoConfig": "configuration_nemotron_labs_diffusion.NemotronLabsDiffusionConfig",
+                 "AutoModel": "modeling_nemotron_labs_diffusion.NemotronLabsDiffusionModel"},
+    "torch_dtype": "bfloat16", "vocab_size": 131072, "hidden_size": 3072, "intermediate_size": 9216,
+    "num_hidden_layers": 26, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+    "attention_bias": False, "mlp_bias": False, "attention_dropout": 0.0, "hidden_act": "silu",
+    "rms_norm_eps": 1e-5, "max_position_embeddings": 4096, "sliding_window": None, "bos_token_id": 1,
+    "eos_token_id": 2, "tie_word_embeddings": False, "use_cache": False, "mask_token_id": 100, "block_size": 32,
+    "dlm_paradigm": "bidirectional", "ar_loss_weight": 1.0, "dlm_loss_weight": None, "dp_varying_mask_ratio": False,
+    "attn_implementation": "sdpa",
+    "rope_parameters": {"rope_type": "yarn", "rope_theta": 1000000.0, "factor": 0.25,
+                        "original_max_position_embeddings": 16384, "beta_fast": 32.0, "beta_slow": 1.0,
+                        "mscale": 1.0, "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.1},
+}
+
 VARIANTS = {
     "GSAI-ML/LLaDA-1.5": (LLADA_1_5, LLaDAModelLM, dict(
         hidden_size=4096, num_layers=32, num_heads=32, num_kv_heads=32, head_dim=128, vocab_size=126464,
@@ -202,6 +223,10 @@ VARIANTS = {
         hidden_size=2048, num_layers=20, num_heads=16, num_kv_heads=4, head_dim=128, vocab_size=157184,
         intermediate_size=5120, block_size=32, mask_token_id=None, eos_token_ids=(), pad_token_id=156892,
         max_positions=32768, rope_theta=600000.0, rotary_dim=64)),
+    "nvidia/Nemotron-Labs-Diffusion-3B-Base": (NEMOTRON_3B, NemotronLabsDiffusionModel, dict(
+        hidden_size=3072, num_layers=26, num_heads=32, num_kv_heads=8, head_dim=128, vocab_size=131072,
+        intermediate_size=9216, block_size=32, mask_token_id=100, eos_token_ids=(2,), bos_token_id=1,
+        max_positions=4096, rope_theta=1e6, rotary_dim=None)),
 }
 NAMES = sorted(VARIANTS)
 
@@ -357,3 +382,30 @@ def test_tiny_llada2_keeps_one_dense_layer_then_moe():
     assert tuple(dense.gate_proj.weight.shape) == (5120 // 32, 2048 // 32)
     assert tuple(moe.experts.gate_proj.shape) == (16, 512 // 32, 2048 // 32)
     assert model.args.rotary_dim == 8 == model.args.head_dim // 2
+
+
+def test_llada_reads_weight_tying_and_include_bias_as_its_reference_does():
+    """LLaDA's reference ModelConfig defaults ``weight_tying`` to True (the releases write false) and
+    ``include_bias`` puts a bias on every linear layer, which is refused rather than loaded as q/k/v only."""
+    from dlm_backend.errors import CheckpointError
+
+    config = {k: v for k, v in read_config(FIXTURES / "parity" / "llada-tiny").items() if k != "weight_tying"}
+    assert LLaDAModelLM.args_from_config(config).tie_word_embeddings is True
+    assert LLaDAModelLM.args_from_config({**config, "weight_tying": False}).tie_word_embeddings is False
+    with pytest.raises(CheckpointError, match="include_bias"):
+        LLaDAModelLM.from_config({**config, "include_bias": True})
+
+
+def test_dream_attends_fully_with_use_sliding_window_as_its_reference_does():
+    """Dream's reference only warns about use_sliding_window (its SDPA attention ignores it): the
+    engine loads it and gives the same logits."""
+    from dlm_backend.engine.checkpoint.weights import load_model
+    from tests.helpers import forward
+
+    folder = FIXTURES / "parity" / "dream-tiny"
+    config = read_config(folder)
+    plain = load_model(folder, config, torch.device("cpu"), torch.float32)
+    windowed = load_model(folder, {**config, "use_sliding_window": True, "sliding_window": 4},
+                          torch.device("cpu"), torch.float32)
+    ids = torch.arange(3, 19)
+    torch.testing.assert_close(forward(windowed, ids), forward(plain, ids), rtol=0, atol=0)
