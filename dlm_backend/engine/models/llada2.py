@@ -259,8 +259,10 @@ def _refuse_unsupported(c: dict) -> None:
     if llada22:
         raise CheckpointError(
             f"config.json has {', '.join(llada22)}: this is an LLaDA2.2 checkpoint (Levenshtein editing with "
-            "DELETE/SPLIT tokens, block-level expert admission in the router), which is not supported. "
-            "LLaDA2.0 and LLaDA2.1 checkpoints are.")
+            "DELETE/SPLIT tokens, block-level expert admission in the router), which is not supported: its "
+            "reference decoder and router are not published (SGLang's JointThresholdInDel sampler is an open pull "
+            "request, not a release), so there is nothing to check an implementation against. LLaDA2.0 and "
+            "LLaDA2.1 checkpoints are supported.")
     r = ConfigReader(c)
     rules = [
         ("hidden_act", c.get("hidden_act", "silu"), ("silu",), "the experts and MLPs here are SwiGLU"),
