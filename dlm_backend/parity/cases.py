@@ -166,6 +166,17 @@ def fastdllm2_batch_sample(case: dict, fixture: dict) -> Run:
     return Run(prompts, params, check, prepare=[lambda seq, engine: seq.join_batch(rows)] * len(prompts))
 
 
+def wedlm_generate(case: dict, fixture: dict) -> Run:
+    """WeDLM's ``generate_wedlm`` generates all ``max_new_tokens`` (no stop token); its threshold 0 is
+    one slot a pass (``remasking="low_confidence"``), above 0 every slot at least that confident."""
+    threshold = case["confidence_threshold"]
+    p = SamplingParams(sampler="wedlm", max_tokens=case["max_new_tokens"], block_length=case["block_size"],
+                       remasking="low_confidence_dynamic" if threshold > 0 else "low_confidence",
+                       threshold=threshold if threshold > 0 else 1.0, temperature=case["temperature"],
+                       cache="prefix", ignore_eos=True)
+    return Run([case["prompt"]], [p], _exact(case["output"], case["total_steps"]))
+
+
 # -- the uniform-noise reference (fixtures/parity-block/diffusiongemma-tiny) ---------------------
 
 
@@ -258,4 +269,5 @@ SAMPLERS: dict[str, Callable[..., Run]] = {
     "sdar.block_diffusion_generate": sdar_generate,
     "Fast_dLLM_QwenForCausalLM.generate": fastdllm2_generate,
     "v2/generation_functions.py:batch_sample": fastdllm2_batch_sample,
+    "WeDLMForCausalLM.generate_wedlm": wedlm_generate,
 }

@@ -13,6 +13,7 @@ BUILTIN_MODELS = {
     "Fast_dLLM_QwenForCausalLM": "dlm_backend.engine.models.fastdllm2:Fast_dLLM_QwenForCausalLM",
     "DiffusionGemmaForBlockDiffusion": "dlm_backend.engine.models.diffusion_gemma:DiffusionGemmaForBlockDiffusion",
     "NemotronLabsDiffusionModel": "dlm_backend.engine.models.nemotron_labs:NemotronLabsDiffusionModel",
+    "WeDLMForCausalLM": "dlm_backend.engine.models.wedlm:WeDLMForCausalLM",
 }
 
 

@@ -1,6 +1,6 @@
 """One request decoded pass by pass: what every request has (sequence.py), how each kind of family
 decodes it (canvas_sequence.py, block_sequence.py, uniform_sequence.py,
-causal_block_sequence.py), its committed text and stop
+causal_block_sequence.py, wedlm_sequence.py), its committed text and stop
 strings (detokenizer.py), and the checks it passes before it is queued (admission.py).
 
 The ways of decoding are request schedules, registered by name through the ``register_schedules``
@@ -11,13 +11,15 @@ from dlm_backend.engine.requests.canvas_sequence import CanvasSequence
 from dlm_backend.engine.requests.causal_block_sequence import CausalBlockSequence
 from dlm_backend.engine.requests.sequence import Sequence
 from dlm_backend.engine.requests.uniform_sequence import UniformSequence
+from dlm_backend.engine.requests.wedlm_sequence import WeDLMSequence
 from dlm_backend.errors import PluginError
 from dlm_backend.hookspecs import hookimpl
 
 #: The built-in schedules: full-sequence (LLaDA, Dream), block-diffusion (LLaDA2, SDAR, Fast-dLLM v2),
-#: uniform noise (DiffusionGemma), block diffusion with causal context (Nemotron-Labs-Diffusion).
+#: uniform noise (DiffusionGemma), block diffusion with causal context (Nemotron-Labs-Diffusion), WeDLM's
+#: reordered causal passes.
 BUILTIN_SCHEDULES = {"full": CanvasSequence, "block": BlockSequence, "uniform": UniformSequence,
-                     "causal_block": CausalBlockSequence}
+                     "causal_block": CausalBlockSequence, "wedlm": WeDLMSequence}
 
 
 @hookimpl

@@ -11,11 +11,12 @@ from dlm_backend.engine.samplers.llada2 import LLaDA2EditSampler, LLaDA2Sampler
 from dlm_backend.engine.samplers.nemotron import NemotronARSampler, NemotronSampler, NemotronSpecSampler
 from dlm_backend.engine.samplers.sdar import SDARSampler
 from dlm_backend.engine.samplers.threshold import ThresholdSampler
+from dlm_backend.engine.samplers.wedlm import WeDLMSampler
 from dlm_backend.hookspecs import hookimpl
 
 BUILTIN_SAMPLERS = (LLaDASampler, DreamSampler, ThresholdSampler, FactorSampler, EntropyBoundedSampler,
                     LLaDA2Sampler, LLaDA2EditSampler, SDARSampler, FastDLLM2Sampler, DiffusionGemmaSampler,
-                    NemotronSampler, NemotronARSampler, NemotronSpecSampler)
+                    NemotronSampler, NemotronARSampler, NemotronSpecSampler, WeDLMSampler)
 
 
 @hookimpl
