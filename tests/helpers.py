@@ -157,6 +157,8 @@ BLOCK_FAMILIES = {
              {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "mask_token": "<|MASK|>"}),
     "fastdllm2": ("fastdllm2-tiny", {478: "<|endoftext|>", 479: "<|im_start|>", 480: "<|im_end|>", 500: "|<MASK>|"},
                   CHATML, {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "mask_token": "|<MASK>|"}),
+    "wedlm": ("wedlm-tiny", {300: "<|MASK|>", 301: "<|endoftext|>", 302: "<|im_start|>", 303: "<|im_end|>"}, CHATML,
+              {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "mask_token": "<|MASK|>"}),
     "nemotron": ("nemotron-labs-tiny", {310: "<mask>", 311: "</s>", 312: "<s>", 313: "<pad>", 314: "[INST]",
                                         315: "[/INST]", 316: "[SYSTEM_PROMPT]", 317: "[/SYSTEM_PROMPT]"}, MISTRAL,
                  {"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>", "mask_token": "<mask>"}),

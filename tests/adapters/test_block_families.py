@@ -1,6 +1,6 @@
 """Every front door on the block-diffusion families: LLaDA2 (Ling chat format, the mask id from the
 tokenizer), SDAR and Fast-dLLM v2 (ChatML), DiffusionGemma (Gemma turns, uniform noise: no mask
-token at all), Nemotron-Labs-Diffusion (Mistral turns, causal context), tiny checkpoints in their official formats with a tokenizer and chat template. The weights are random, so what is checked is the plumbing: text and
+token at all), Nemotron-Labs-Diffusion (Mistral turns, causal context), WeDLM (ChatML, reordered causal passes), tiny checkpoints in their official formats with a tokenizer and chat template. The weights are random, so what is checked is the plumbing: text and
 streams agree, forced tool calls and skeleton structured output parse, knobs reach the engine.
 DiffusionGemma has no greedy mode (every step samples), so requests compared with each other are
 seeded (the seed changes nothing for the greedy families)."""
@@ -13,7 +13,7 @@ from tests.helpers import make_block_chat_checkpoint, serve_in_thread
 
 from dlm_backend import LLM
 
-FAMILIES = ["llada2", "sdar", "fastdllm2", "diffusiongemma", "nemotron"]
+FAMILIES = ["llada2", "sdar", "fastdllm2", "diffusiongemma", "nemotron", "wedlm"]
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city.",
                                            "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
                                                           "required": ["city"]}}}]
@@ -34,12 +34,30 @@ def test_llm_chat_and_stream_agree_and_use_the_family_sampler(block_chat):
     assert params.sampler == {"LLaDA2MoeModelLM": "llada2", "SDARForCausalLM": "sdar",
                               "Fast_dLLM_QwenForCausalLM": "fastdllm2",
                               "DiffusionGemmaForBlockDiffusion": "diffusiongemma",
-                              "NemotronLabsDiffusionModel": "nemotron"}[family]
+                              "NemotronLabsDiffusionModel": "nemotron", "WeDLMForCausalLM": "wedlm"}[family]
     messages = [{"role": "user", "content": "Name three colors."}]
     out = llm.chat(messages, params)
     assert out.finish_reason in ("stop", "length") and len(out.token_ids) <= 24
     chunks = list(llm.stream_chat(messages, params))
     assert "".join(c.delta_text for c in chunks) == out.text and chunks[-1].output.token_ids == out.token_ids
+
+
+def test_a_sampler_of_another_family_is_refused_naming_this_ones(block_chat, llada_dir):
+    """``sampler="llada"`` on an SDAR or LLaDA2 checkpoint decoded silently with LLaDA's rule; each
+    sampler now names the schedules its reference decodes, and another family's is refused."""
+    from dlm_backend import DLMError
+
+    llm = LLM(str(block_chat))
+    own = llm.sampling_params().sampler
+    for foreign in ("llada", "dream"):
+        with pytest.raises(DLMError, match=f"'{foreign}'.*{own}") as refused:
+            llm.generate(prompt_token_ids=[[5, 6, 7]], sampling_params=llm.sampling_params(sampler=foreign, max_tokens=8))
+        assert refused.value.param == "sampler" and "'full'" in str(refused.value)
+    llm.close()
+    with LLM(str(llada_dir)) as full:                 # and the other way round
+        with pytest.raises(DLMError, match="Use one of its family's samplers: .*llada") as refused:
+            full.generate(prompt_token_ids=[[5, 6, 7]], sampling_params=full.sampling_params(sampler=own, max_tokens=8))
+        assert own not in str(refused.value).split("samplers:")[1]
 
 
 def test_server_chat_streaming_tools_and_schema(block_chat):
@@ -63,6 +81,11 @@ def test_server_chat_streaming_tools_and_schema(block_chat):
             response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": PERSON}})
         person = json.loads(r.choices[0].message.content)
         assert set(person) == {"name", "age"} and isinstance(person["age"], int)
+        # A full-sequence family's sampler is refused (it decoded silently), naming this family's own
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.chat.completions.create(extra_body={"sampler": "llada"}, **kwargs)
+        assert refused.value.body["param"] == "sampler"
+        assert LLM(str(block_chat)).sampling_params().sampler in refused.value.body["message"]
         # An agent's long system prompt is computed once: the second request finds its pages cached
         # (not DiffusionGemma's: a prompt encoded in two pieces differs in the last bits, which its
         # self-conditioned steps turn into other tokens, so the same seed would not give the same text).

@@ -84,9 +84,12 @@ class WeDLMForCausalLM(DiffusionLM):
     tensor_parallel = True                   # built from layers/parallel.py
     logits_shift = 0                         # a mask's prediction is read at its own row
     schedule = "wedlm"
-    # The reference generate_wedlm's default rule (confidence_threshold 0: the most confident mask a
-    # pass) in blocks of 16, the official engine's window (example.py's wedlm_window_size).
-    sampling_defaults = {"sampler": "wedlm", "remasking": "low_confidence", "block_length": 16, "cache": "prefix"}
+    # The reference generate_wedlm's parallel mode (confidence_threshold 0.9: every mask at least that
+    # confident, else the most confident one; its 0 default is one token a pass, remasking
+    # "low_confidence" here) in blocks of 16, the official engine's window (example.py's
+    # wedlm_window_size). The official engine's own entropy rule is another decoder, not this one.
+    sampling_defaults = {"sampler": "wedlm", "remasking": "low_confidence_dynamic", "threshold": 0.9,
+                         "block_length": 16, "cache": "prefix"}
 
     def __init__(self, args: ModelArgs, attention_bias: bool = True, qk_norm: bool = False):
         super().__init__(args)
