@@ -121,9 +121,28 @@ class LLMEngine:
         input): a server admits before a streamed response's 200 goes out, and queues what it got.
 
         ``response_template`` fixes output tokens in advance (``None`` = a slot to denoise); it must
-        fit in ``max_tokens``.
+        fit in ``max_tokens``. A sampler made for another family's schedule is refused.
         """
+        self._check_schedule(params)
         return admit(self, prompt_token_ids, params, request_id, response_template)
+
+    def _decodes(self, sampler: Sampler) -> bool:
+        """Whether ``sampler`` decodes this model's requests: it names no schedules, or one this
+        model's schedule is (or derives from: a plugin's variant of the full-sequence canvas)."""
+        return sampler.schedules is None or any(issubclass(self.sequence_class, schedule_class(name))
+                                                for name in sampler.schedules)
+
+    def _check_schedule(self, params: SamplingParams) -> None:
+        """A SamplingParamsError when ``params.sampler`` is made for other schedules than this model's
+        (``Sampler.schedules``): LLaDA's rule on an SDAR checkpoint decoded silently."""
+        sampler, model = self.samplers.get(params.sampler), self.checkpoint.model
+        if sampler is None or self._decodes(sampler):
+            return                                   # an unknown name is admission's to refuse
+        fits = sorted(n for n, s in self.samplers.items() if s.noise == model.noise and self._decodes(s))
+        raise SamplingParamsError(
+            f"Sampler {params.sampler!r} is made for models decoded with the "
+            f"{' or '.join(map(repr, sampler.schedules))} schedule, and {self.architecture} is decoded with "
+            f"{model.schedule!r}. Use one of its family's samplers: {', '.join(fits)}.", param="sampler")
 
     def enqueue(self, seq: Sequence, draws: list[dict] | None = None) -> Sequence:
         """Queue an admitted request; a QueueFullError past ``max_waiting``. ``draws`` replays a
@@ -242,7 +261,7 @@ class LLMEngine:
             chunks += [seq.take_chunk(now()) for seq in lost]
         for seq in batch:
             chunk = seq.take_chunk(now())
-            if chunk.delta_token_ids or chunk.delta_text or chunk.finished:
+            if chunk.delta_token_ids or chunk.delta_text or chunk.finished or chunk.canvas:
                 chunks.append(chunk)
         if batch:
             self.stats.record_step(len(batch), sum(len(c.delta_token_ids) for c in chunks))

@@ -6,6 +6,35 @@ from dataclasses import dataclass, field
 
 
 @dataclass
+class TokenLogprob:
+    """One generated token's log-probability at the pass that committed it, and the likeliest
+    alternatives there (``logprobs`` of them, most likely first). A token the response template
+    fixed (a forced prefix, a JSON skeleton's punctuation) was never sampled: 0.0, no alternatives."""
+
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]] = field(default_factory=list)
+
+
+@dataclass
+class CanvasFrame:
+    """The active window of the output after one denoising pass (``stream_canvas``): what a diffusion
+    model shows that an autoregressive one cannot, the draft refining in parallel.
+
+    ``start`` is the window's first slot as an index into the output; ``token_ids`` the committed
+    token per slot (None: still masked); ``draft_ids`` the model's current guess for each masked slot
+    (None where committed); ``committed`` the output indices this pass committed; ``pass_index``
+    counts the request's denoising passes from 1.
+    """
+
+    pass_index: int
+    start: int
+    token_ids: list[int | None]
+    draft_ids: list[int | None]
+    committed: list[int]
+
+
+@dataclass
 class GenerationOutput:
     """A finished request.
 
@@ -24,6 +53,8 @@ class GenerationOutput:
     #: block families: passes that only cached keys and values (a prompt's prefill, finished blocks)
     num_cache_passes: int = 0
     metrics: dict = field(default_factory=dict)
+    #: with ``logprobs``: one per token of ``token_ids``
+    logprobs: list[TokenLogprob] | None = None
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -61,3 +92,7 @@ class StreamChunk:
     finish_reason: str | None = None
     output: GenerationOutput | None = None
     error: str | None = None
+    #: with ``logprobs``: one per token of ``delta_token_ids``
+    delta_logprobs: list[TokenLogprob] | None = None
+    #: with ``stream_canvas``: the frames of the passes since the last chunk, in order
+    canvas: list[CanvasFrame] = field(default_factory=list)

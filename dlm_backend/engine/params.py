@@ -25,6 +25,7 @@ DREAM_ALGS = ("origin", "maskgit_plus", "topk_margin", "entropy")
 GREEDY_BELOW = 1e-5
 MAX_STOP = 16                   # stop strings per request, each at most MAX_STOP_CHARS characters
 MAX_STOP_CHARS = 256            # ... and any string knob (a cache_salt, say)
+MAX_TOP_LOGPROBS = 20           # OpenAI's top_logprobs bound
 MAX_LENGTH = 1 << 20            # max_tokens / block_length cap before the context check (allocation bound)
 MAX_DENOISING_STEPS = 4096      # a canvas's passes: the reference's default is 48
 
@@ -131,6 +132,11 @@ class SamplingParams:
     stop_token_ids: list[int] = knob([], "token ids that end the output besides the model's end tokens (the "
                                      "token is the output's stop_reason)", list, item=int)
     ignore_eos: bool = knob(False, "keep going past the model's end tokens (stop_token_ids still stop)", bool)
+    logprobs: int | None = knob(None, "return each generated token's log-probability at the pass that committed "
+                                "it, with this many likeliest alternatives (0: none; None: no logprobs)", int, low=0,
+                                high=MAX_TOP_LOGPROBS, nullable=True, framework="top_logprobs")
+    stream_canvas: bool = knob(False, "stream each pass's window of the canvas (committed, drafted and masked "
+                               "slots), not only committed text", bool)
     cache: str = knob("dual", "KV cache: none (reference-exact), prefix or dual", str, choices=CACHE_MODES,
                       checkpoint=True, framework="kv_cache")
     cache_salt: str | None = knob(None, "prefix cache: prompt pages are shared only among requests with the same "

@@ -6,6 +6,7 @@ import torch
 
 from dlm_backend.engine.forward.batch import ForwardBatch
 from dlm_backend.engine.forward.cuda_graphs import BlockGraphs
+from dlm_backend.engine.forward.observe import frame_after, observe_cache, observe_denoise
 from dlm_backend.engine.kv import KVPool
 from dlm_backend.engine.layers import ForwardContext, forward_context
 from dlm_backend.engine.models.base import DiffusionLM
@@ -67,7 +68,7 @@ class ModelRunner:
         """Kernel path, greedy, plain logits: the sampler can decide from fused (token, confidence)."""
         p = seq.params
         return (self.triton and step.kind == "denoise" and seq.sampler.uses_unmask_stats and not step.cfg
-                and p.temperature == 0 and p.top_p is None and p.top_k is None)
+                and p.temperature == 0 and p.top_p is None and p.top_k is None and p.logprobs is None)
 
     # -- the forward ---------------------------------------------------------------------------------
 
@@ -144,14 +145,30 @@ class ModelRunner:
                               f"{self.dtype}; try dtype='float32'.")
         for seq, step, f, out in zip(seqs, steps, fused, outputs):
             n = len(step.candidates)
+            if step.kind == "cache":
+                tokens = out[:n].argmax(-1).tolist() if n else None
+                observe_cache(seq, step, out, tokens)
+                seq.apply(step, ar_tokens=tokens)
+                continue
             if f:
-                seq.apply(step, seq.sampler.step_from_stats(out, self._step_input(seq, step, None)))
-            elif step.kind == "cache":
-                seq.apply(step, ar_tokens=out[:n].argmax(-1).tolist() if n else None)
+                commit, logits, draft = seq.sampler.step_from_stats(out, self._step_input(seq, step, None)), None, out.token
             else:
-                seq.apply(step, self._decide(seq, step, out[:n], out[n:2 * n]))
+                commit, logits = self._decide(seq, step, out[:n], out[n:2 * n])
+                draft = self._draft(logits) if seq.params.stream_canvas else None
+            shown = observe_denoise(seq, step, logits, commit, draft if seq.params.stream_canvas else None)
+            seq.apply(step, commit)
+            if seq.params.stream_canvas:
+                seq.frames.append(frame_after(seq, step, *shown))
+
+    def _draft(self, logits: torch.Tensor) -> torch.Tensor:
+        """The model's token per candidate row (never the mask token): a canvas frame's draft."""
+        mask = self.tokens.mask_id
+        if 0 <= mask < logits.shape[-1]:
+            logits = logits.index_fill(1, torch.tensor([mask], device=logits.device), -torch.inf)
+        return logits.argmax(-1)
 
     def _decide(self, seq: Sequence, step: Pass, seq_logits: torch.Tensor, uncond: torch.Tensor):
+        """The sampler's commit and the logits it decided on (guided, with classifier-free guidance)."""
         if step.cfg:
             seq_logits = uncond + (seq.params.cfg_scale + 1) * (seq_logits - uncond)
             if not bool(torch.isfinite(seq_logits).all()):     # the NaN check above ran before guidance
@@ -160,7 +177,7 @@ class ModelRunner:
         commit = seq.sampler.step(self._step_input(seq, step, seq_logits))
         if commit.conditioning is not None:         # the model's input for the next pass, made once here
             commit.conditioning = self.model.conditioning_input(commit.conditioning)
-        return commit
+        return commit, seq_logits
 
     def _step_input(self, seq: Sequence, step: Pass, logits: torch.Tensor | None) -> StepInput:
         return StepInput(logits=logits, positions=step.candidates, step=seq.step_in_block,

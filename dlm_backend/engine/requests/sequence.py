@@ -15,7 +15,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from enum import Enum, auto
 
-from dlm_backend.engine.outputs import GenerationOutput, StreamChunk
+from dlm_backend.engine.outputs import CanvasFrame, GenerationOutput, StreamChunk, TokenLogprob
 from dlm_backend.engine.params import SamplingParams
 from dlm_backend.engine.requests.detokenizer import Detokenizer
 from dlm_backend.engine.samplers.base import Sampler, TokenInfo
@@ -150,6 +150,8 @@ class Sequence(ABC):
         self.published = 0                     # prompt pages offered to the prefix cache
         self.random = None                     # the sampler's draws (samplers/random.py), set by the runner
         self.detokenizer = Detokenizer(tokenizer, params.stop, len(self.template)) if tokenizer is not None else None
+        self.token_logprobs: dict[int, TokenLogprob] = {}      # canvas position -> at the pass that committed it
+        self.frames: list[CanvasFrame] = []                     # stream_canvas: not yet streamed
 
     # -- derived state ---------------------------------------------------------------------
 
@@ -217,6 +219,18 @@ class Sequence(ABC):
         for pos, tok in zip(positions, token_ids):
             self.canvas[pos] = tok
 
+    def note_logprobs(self, positions: list[int], values: list[TokenLogprob]) -> None:
+        """Each position's token log-probability at the pass committing it (a later commit replaces it)."""
+        self.token_logprobs.update(zip(positions, values))
+
+    def logprobs_for(self, start: int, end: int) -> list[TokenLogprob] | None:
+        """The output's logprobs at canvas positions ``start..end`` (None unless asked for)."""
+        if self.params.logprobs is None:
+            return None
+        fixed = self.template_end
+        return [TokenLogprob(self.canvas[p], 0.0) if p < fixed and self.template[p - self.prompt_len] != self.mask_id
+                else self.token_logprobs.get(p, TokenLogprob(self.canvas[p], 0.0)) for p in range(start, end)]
+
     def scan_prefix(self, limit: int) -> bool:
         """Extend the final prefix over committed tokens up to ``limit``; finish at a stop token past
         the template (True when the request finished)."""
@@ -251,7 +265,9 @@ class Sequence(ABC):
         if tokens and self.first_token_time is None:
             self.first_token_time = now
         delta_ids = tokens[self.num_emitted:]
+        P, emitted = self.prompt_len, self.num_emitted
         self.num_emitted = len(tokens)
+        frames, self.frames = self.frames, []
         output = None
         if self.is_finished:
             output = GenerationOutput(
@@ -260,6 +276,8 @@ class Sequence(ABC):
                 finish_reason=self.finish_reason, stop_reason=self.stop_reason,
                 num_forward_passes=self.num_forward_passes, num_cache_passes=self.num_cache_passes,
                 metrics={"latency_s": now - self.arrival_time,
-                         "ttft_s": (self.first_token_time or now) - self.arrival_time})
+                         "ttft_s": (self.first_token_time or now) - self.arrival_time},
+                logprobs=self.logprobs_for(P, P + len(tokens)))
         return StreamChunk(self.request_id, delta_ids, delta_text, self.is_finished, self.finish_reason, output,
-                           error=self.error)
+                           error=self.error, delta_logprobs=self.logprobs_for(P + emitted, P + len(tokens)),
+                           canvas=frames)
