@@ -66,6 +66,10 @@ class Sampler(ABC):
     #: doors take them, checked by the Knob's rules; read one with ``params.get(name)``. A name the
     #: table already has (a built-in knob or one of its other names) is refused.
     knobs: ClassVar[dict[str, Knob]] = {}
+    #: the request schedules (``DiffusionLM.schedule``: "full", "block", ...) this rule decodes,
+    #: named by the reference it reproduces; None: any (a rule that reads only the block's slots).
+    #: A request naming it on a model of another schedule is refused, naming the ones that fit.
+    schedules: ClassVar[tuple[str, ...] | None] = None
     #: block length when the request leaves it unset; None = one block over the whole canvas.
     default_block_length: ClassVar[int | None] = 32
     #: whether ``steps`` sets a fixed number of passes per block (False: adaptive rules).

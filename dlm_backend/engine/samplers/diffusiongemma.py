@@ -66,6 +66,7 @@ def accepted_slots(entropies: torch.Tensor, bound: float) -> torch.Tensor:
 class DiffusionGemmaSampler(Sampler):
     name = "diffusiongemma"
     noise = "uniform"
+    schedules = ("uniform",)            # DiffusionGemma's generate: canvases of random tokens
     default_block_length = None      # the model's canvas_length
 
     def validate(self, params: SamplingParams) -> None:

@@ -83,6 +83,7 @@ REFERENCE_TOP_K = 50
 
 class DreamSampler(Sampler):
     name = "dream"
+    schedules = ("full",)               # Dream's diffusion_generate: a full-sequence canvas
     uses_steps = True
     default_block_length = None
 

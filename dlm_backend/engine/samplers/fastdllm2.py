@@ -29,6 +29,7 @@ SUB_BLOCK = 8           # the reference generate()'s small_block_size default
 
 class FastDLLM2Sampler(Sampler):
     name = "fastdllm2"
+    schedules = ("block",)              # Fast-dLLM v2's generate: block diffusion
     whole_sub_block = True
     ar_first_token = True
 

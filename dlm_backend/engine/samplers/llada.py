@@ -21,6 +21,7 @@ def transfer_schedule(num_masked: int, steps: int) -> list[int]:
 
 class LLaDASampler(Sampler):
     name = "llada"
+    schedules = ("full",)               # LLaDA's generate: a full-sequence canvas
     uses_steps = True
 
     def begin_block(self, num_masked, steps, params):

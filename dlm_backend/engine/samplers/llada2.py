@@ -30,6 +30,7 @@ from dlm_backend.engine.samplers.llada import transfer_schedule
 
 class LLaDA2Sampler(Sampler):
     name = "llada2"
+    schedules = ("block",)              # LLaDA2's generate: block diffusion
     uses_steps = True
     uses_unmask_stats = True
 
@@ -66,6 +67,7 @@ class _EditState:
 
 class LLaDA2EditSampler(Sampler):
     name = "llada2_edit"
+    schedules = ("block",)              # LLaDA2.1's generate: block diffusion
     edits = True
 
     def begin_block(self, num_masked, steps, params):

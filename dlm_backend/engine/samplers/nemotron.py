@@ -32,6 +32,7 @@ class NemotronSampler(Sampler):
     """Block diffusion with causal context (the reference ``generate``)."""
 
     name = "nemotron"
+    schedules = ("causal_block",)       # block diffusion with causal context
     #: how engine/requests/causal_block_sequence.py schedules the passes: "block", "ar" or "spec"
     causal_mode = "block"
 
@@ -69,6 +70,7 @@ class NemotronSpecSampler(Sampler):
     """Self-speculation (the reference ``linear_spec_generate``): this sampler drafts, a causal pass verifies."""
 
     name = "nemotron_spec"
+    schedules = ("causal_block",)       # self-speculation with causal context
     causal_mode = "spec"
     knobs = {"draft_threshold": Knob(
         "nemotron_spec: a draft pass commits the masks at least this confident, else the most confident one, "

@@ -31,6 +31,7 @@ RULES = ("low_confidence_dynamic", "low_confidence", "sequential")
 
 class SDARSampler(Sampler):
     name = "sdar"
+    schedules = ("block",)              # SDAR's block_diffusion_generate
     uses_steps = True
     uses_unmask_stats = True
 
