@@ -135,6 +135,8 @@ class LLMEngine:
     def _check_schedule(self, params: SamplingParams) -> None:
         """A SamplingParamsError when ``params.sampler`` is made for other schedules than this model's
         (``Sampler.schedules``): LLaDA's rule on an SDAR checkpoint decoded silently."""
+        if not isinstance(params, SamplingParams):
+            return                                   # admission's to refuse, naming the type
         sampler, model = self.samplers.get(params.sampler), self.checkpoint.model
         if sampler is None or self._decodes(sampler):
             return                                   # an unknown name is admission's to refuse
