@@ -1,5 +1,5 @@
-"""Nemotron-Labs-Diffusion on the engine against its reference decoders written out plainly, and its
-three modes against each other.
+"""The causal diffusion families on the engine against their reference decoders written out plainly:
+Nemotron-Labs-Diffusion (its three modes, also against each other) and WeDLM.
 
 1. **Reference loop vs engine.** NVIDIA's ``generate``, ``ar_generate`` and ``linear_spec_generate``
    run one request at a time over a growing cache: a causal prefill, then per block bidirectional
@@ -13,7 +13,11 @@ three modes against each other.
    Random weights: drafts are rarely what the causal pass predicts, so a verify keeps about one
    token and self-speculation costs two passes a token here; a trained checkpoint keeps several.
 
-Random checkpoint of the released 3B's shape at toy width (benchmarks/random_checkpoint.py), CPU,
+3. **WeDLM.** Tencent's ``generate_wedlm`` recomputes the whole reordered sequence (committed slots
+   first, causal) at every pass; the baseline is that loop written out. The engine keeps the prompt
+   and finished blocks' keys in its pages and feeds only the block. Same tokens and passes (checked).
+
+Random checkpoints of the released shapes at toy width (benchmarks/random_checkpoint.py), CPU,
 float32.
 
     python benchmarks/bench_causal_families.py            # hidden 256, 4 layers; prompt 256, 64 new, 4 requests
@@ -35,6 +39,7 @@ from bench_block import timed  # noqa: E402
 from random_checkpoint import block_config, write_checkpoint  # noqa: E402
 
 from dlm_backend import LLM  # noqa: E402
+from dlm_backend.engine.layers import ForwardContext, PackedAttention, Segment, forward_context  # noqa: E402
 from dlm_backend.parity.forward import PagedRun  # noqa: E402
 
 
@@ -89,6 +94,45 @@ def nemotron_reference(model, prompt: list[int], gen: int, L: int, mask: int, mo
 SAMPLER = {"block": "nemotron", "ar": "nemotron_ar", "spec": "nemotron_spec"}
 
 
+@torch.inference_mode()
+def wedlm_reference(model, prompt: list[int], gen: int, L: int, mask: int) -> tuple[list[int], int]:
+    """``generate_wedlm`` at threshold 0 written out: per pass one causal forward over the whole
+    sequence reordered committed slots first, the most confident mask committed."""
+    seq, passes = list(prompt), 0
+    while len(seq) - len(prompt) < gen:
+        n = min(L, gen - (len(seq) - len(prompt)))
+        start = len(seq)
+        seq += [mask] * n
+        while mask in seq[start:]:
+            order = [p for p in range(len(seq)) if seq[p] != mask] + [p for p in range(len(seq)) if seq[p] == mask]
+            T = len(order)
+            with forward_context(ForwardContext(PackedAttention([Segment(slice(0, T), 0, 1)]))):
+                hidden = model(torch.tensor([seq[p] for p in order]), torch.tensor(order))
+            first = T - seq.count(mask)
+            conf, tok = torch.softmax(model.compute_logits(hidden[first:]).float(), -1).max(-1)
+            i = int(conf.argmax())
+            seq[order[first + i]] = int(tok[i])
+            passes += 1
+    return seq[len(prompt):], passes
+
+
+def wedlm_table(folder: Path, args) -> None:
+    llm = LLM(str(folder), dtype="float32", prefix_caching=False)
+    model, mask = llm.engine.runner.model, llm.engine.tokens.mask_id
+    prompts = [[(7 * i + 13 * r + 3) % 4000 for i in range(args.prompt)] for r in range(args.requests)]
+    print(f"\n## WeDLM: reference loop vs engine ({args.requests} requests, blocks of 16, one token a pass)\n")
+    print("| baseline | loop passes / request | loop s | engine passes / request | engine s | speed-up |")
+    print("|---|---|---|---|---|---|")
+    ref, ref_t = timed(lambda: [wedlm_reference(model, p, args.gen, 16, mask) for p in prompts], args.repeats)
+    params = llm.sampling_params(max_tokens=args.gen, ignore_eos=True, remasking="low_confidence")
+    outs, t = timed(lambda: llm.generate(prompt_token_ids=prompts, sampling_params=params), args.repeats)
+    for (tokens, passes), out in zip(ref, outs):
+        assert out.token_ids == tokens and out.num_forward_passes == passes, "wedlm"
+    print(f"| recompute per pass | {ref[0][1]} | {ref_t:.2f} | {outs[0].num_forward_passes} | {t:.2f} | "
+          f"{ref_t / t:.1f}x |")
+    llm.close()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--hidden", type=int, default=256)
@@ -130,6 +174,8 @@ def main() -> None:
         print(f"\nself-speculation vs block diffusion: {walls['block'] / walls['spec']:.2f}x wall; "
               f"vs autoregressive: {walls['ar'] / walls['spec']:.2f}x wall (equal output length; spec's tokens = AR's)")
         llm.close()
+        wedlm_table(write_checkpoint(block_config("wedlm", hidden=args.hidden, layers=args.layers),
+                                     Path(tmp) / "wedlm"), args)
 
 
 if __name__ == "__main__":

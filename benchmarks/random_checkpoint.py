@@ -22,7 +22,8 @@ _STACKED = re.compile(r"^(.+\.experts)\.(gate_proj|up_proj|down_proj)$")
 
 def block_config(family: str, hidden: int = 256, layers: int = 4, vocab: int = 4096, heads: int = 4,
                  kv_heads: int = 2, experts: int = 16, block: int = 32, max_len: int = 4096) -> dict:
-    """config.json of a random ``family`` model ("llada2", "sdar", "fastdllm2", "nemotron" or "diffusiongemma")."""
+    """config.json of a random ``family`` model ("llada2", "sdar", "fastdllm2", "nemotron", "wedlm" or
+    "diffusiongemma")."""
     head_dim = hidden // heads
     common = {"vocab_size": vocab, "hidden_size": hidden, "num_hidden_layers": layers, "num_attention_heads": heads,
               "num_key_value_heads": kv_heads, "head_dim": head_dim, "intermediate_size": 4 * hidden,
@@ -48,6 +49,9 @@ def block_config(family: str, hidden: int = 256, layers: int = 4, vocab: int = 4
                 "rope_parameters": {"rope_type": "yarn", "rope_theta": 1000000.0, "factor": 0.25,
                                     "original_max_position_embeddings": 16384, "beta_fast": 32.0, "beta_slow": 1.0,
                                     "mscale": 1.0, "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.1}}
+    if family == "wedlm":           # WeDLM-8B's layers (Qwen3: QK-norm, no q/k/v biases)
+        return {**common, "architectures": ["WeDLMForCausalLM"], "model_type": "wedlm", "mask_token_id": vocab - 1,
+                "rope_theta": 1000000.0, "attention_bias": False, "qk_norm": True}
     if family == "diffusiongemma":
         return dgemma_config(hidden, layers, vocab, heads, kv_heads, experts, block, max_len)
     raise ValueError(f"unknown family {family!r}")
