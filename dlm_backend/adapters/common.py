@@ -11,7 +11,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from dlm_backend.chat import Deadline
+from dlm_backend.chat import UNSUPPORTED, Deadline, logprobs_knob, refuse_unsupported
 from dlm_backend.engine.checkpoint.folder import EMBEDDED_MODEL, default_model, resolve_checkpoint
 from dlm_backend.engine.checkpoint.load import checkpoint_tokenizer
 from dlm_backend.engine.checkpoint.tokenizer import Tokenizer
@@ -87,6 +87,28 @@ def _is_knob_value(name: str, value: Any, framework_field: bool) -> bool:
     except DLMError:
         return False
     return True
+
+
+#: The adapters' ``logprobs`` field, as OpenAI's clients name it (``top_logprobs`` is the knob field).
+LOGPROBS_DOC = ("return each token's log-probability (the one at the diffusion pass that committed it), with "
+                "top_logprobs alternatives, where the framework's OpenAI integration puts them")
+
+
+def logprobs_layer(fields: dict, kwargs: dict) -> dict:
+    """The ``logprobs`` knob of one call, from OpenAI's two fields: a call's ``logprobs`` /
+    ``top_logprobs`` (taken out of ``kwargs``) over the adapter's own ``fields``; ``top_logprobs``
+    alone, as OpenAI refuses it, is a DLMError (chat.logprobs_knob)."""
+    asked = kwargs.pop("logprobs", fields.get("logprobs"))
+    top = kwargs.pop("top_logprobs", fields.get("top_logprobs"))
+    n = logprobs_knob(asked, top)
+    return {"top_logprobs": n}            # the knob's name at the framework doors (None: none)
+
+
+def refuse_unserved(kwargs: dict) -> None:
+    """Take the OpenAI fields this backend does not serve (chat.UNSUPPORTED: ``logprobs``, ``n``, ...)
+    out of a call's ``kwargs``: at their neutral values (``logprobs=False``, ``n=1``) they pass, as
+    the server and LiteLLM take them; otherwise a DLMError names the field and why."""
+    refuse_unsupported({name: kwargs.pop(name) for name in UNSUPPORTED if name in kwargs})
 
 
 def check_knob_values(given: dict, where: str) -> None:

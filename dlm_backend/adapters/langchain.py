@@ -8,26 +8,25 @@ door naming the same model, and ``close()`` gives this model's handle on it back
 from __future__ import annotations
 
 import json
-from operator import itemgetter
 from pathlib import Path
 from typing import Any, AsyncIterator, Iterator, Literal
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
-from langchain_core.exceptions import OutputParserException
 from langchain_core.language_models import BaseChatModel, LanguageModelInput
 from langchain_core.language_models.chat_models import LangSmithParams
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage, convert_to_openai_messages
 from langchain_core.messages.ai import UsageMetadata
-from langchain_core.output_parsers import JsonOutputKeyToolsParser, PydanticToolsParser
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
-from langchain_core.runnables import Runnable, RunnableLambda, RunnableMap, RunnablePassthrough
+from langchain_core.runnables import Runnable
 from langchain_core.tools import BaseTool
-from langchain_core.utils.function_calling import convert_to_json_schema, convert_to_openai_tool
+from langchain_core.utils.function_calling import convert_to_openai_tool
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, create_model, model_validator
 
 from dlm_backend import chat
-from dlm_backend.adapters.common import (KNOB_FIELDS, QUANTIZATION_DOC, Handles, check_knob_values, constructor_args,
-                                         display_name, knob_fields, model_tokenizer, off_loop)
+from dlm_backend.adapters.common import (KNOB_FIELDS, LOGPROBS_DOC, QUANTIZATION_DOC, Handles, check_knob_values,
+                                         constructor_args, display_name, knob_fields, logprobs_layer, model_tokenizer,
+                                         off_loop, refuse_unserved)
+from dlm_backend.adapters.langchain_structured import structured_output
 from dlm_backend.engine.checkpoint.folder import context_length, default_model
 from dlm_backend.engine.params import DEFAULTS, FRAMEWORK_TAKEN
 from dlm_backend.engine.quant.methods import check_quantization
@@ -69,6 +68,9 @@ class ChatDLM(create_model("_ChatDLMKnobs", __base__=BaseChatModel, **knob_field
     max_retries: int = 0
     api_key: str | None = None
     """Accepted for interface compatibility; a local engine needs no key."""
+    logprobs: bool | None = Field(default=None, description=LOGPROBS_DOC)
+    """As ChatOpenAI's: True returns each token's log-probability (with ``top_logprobs`` alternatives)
+    in ``response_metadata["logprobs"]["content"]``, per streamed chunk too."""
     _handles: Handles = PrivateAttr(default_factory=Handles)
 
     @model_validator(mode="before")
@@ -79,6 +81,7 @@ class ChatDLM(create_model("_ChatDLMKnobs", __base__=BaseChatModel, **knob_field
     @model_validator(mode="after")
     def _knobs_in_range(self) -> "ChatDLM":
         check_knob_values({**self._knobs, "stop": self.stop}, "ChatDLM")
+        logprobs_layer({"logprobs": self.logprobs, "top_logprobs": self.top_logprobs}, {})   # OpenAI's pairing
         check_quantization(self.quantization)           # at construction, like a knob, not at the first call
         return self
 
@@ -146,10 +149,12 @@ class ChatDLM(create_model("_ChatDLMKnobs", __base__=BaseChatModel, **knob_field
         # async callers run this in a worker thread so the event loop keeps serving.
         model = kwargs.pop("model", None) or self.model
         call = {k: kwargs.pop(k) for k in CALL_ARGS if k in kwargs}
+        logprobs = logprobs_layer({"logprobs": self.logprobs, "top_logprobs": self.top_logprobs}, kwargs)
+        refuse_unserved(kwargs)
         if stop is not None:
             kwargs["stop"] = stop
         llm = self._handles.get(model, self.device, self.quantization)
-        params = chat.request_params(llm, {**self._knobs, "stop": self.stop}, kwargs, taken=FRAMEWORK_TAKEN,
+        params = chat.request_params(llm, {**self._knobs, "stop": self.stop}, kwargs, logprobs, taken=FRAMEWORK_TAKEN,
                                      where="ChatDLM call")
         request = chat.ChatRequest.from_call(convert_to_openai_messages(messages), params, call)
         return llm, chat.Plan(llm, request), display_name(model)
@@ -180,14 +185,18 @@ class ChatDLM(create_model("_ChatDLMKnobs", __base__=BaseChatModel, **knob_field
     def _chunk(self, delta: chat.ChatDelta, model: str) -> ChatGenerationChunk:
         if delta.result is not None:
             msg = AIMessageChunk(content="", usage_metadata=_usage(delta.result), additional_kwargs=_parsed(delta.result),
-                                 response_metadata=_metadata(delta.result, model), chunk_position="last")
+                                 response_metadata=_metadata(delta.result, model, streamed=True), chunk_position="last")
         elif delta.tool_call is not None:
             fn = delta.tool_call["function"]          # a continuation chunk has argument text only
             msg = AIMessageChunk(content="", tool_call_chunks=[{"name": fn.get("name"), "args": fn["arguments"],
                                                                  "id": delta.tool_call.get("id"), "index": delta.index,
                                                                  "type": "tool_call_chunk"}])
         else:
-            msg = AIMessageChunk(content=delta.content)
+            # stream_canvas frames ride on a chunk's metadata (LangChain concatenates them over a stream)
+            metadata = {"dlm_canvas": delta.canvas} if delta.canvas else {}
+            if delta.logprobs is not None:
+                metadata["logprobs"] = {"content": delta.logprobs}
+            msg = AIMessageChunk(content=delta.content, response_metadata=metadata)
         return ChatGenerationChunk(message=msg)
 
     def _stream(self, messages: list[BaseMessage], stop: list[str] | None = None,
@@ -214,40 +223,29 @@ class ChatDLM(create_model("_ChatDLMKnobs", __base__=BaseChatModel, **knob_field
     # -- tools and structured output ---------------------------------------------------------
 
     def bind_tools(self, tools: list[dict | type | Any | BaseTool], *,
-                   tool_choice: dict | str | bool | None = None, **kwargs: Any) -> Runnable[LanguageModelInput, AIMessage]:
-        """Offer ``tools``; ``tool_choice`` is "auto", "any"/"required", "none", a tool name or a dict."""
-        formatted = [convert_to_openai_tool(t) for t in tools]
+                   tool_choice: dict | str | bool | None = None, strict: bool | None = None,
+                   **kwargs: Any) -> Runnable[LanguageModelInput, AIMessage]:
+        """Offer ``tools``; ``tool_choice`` is "auto", "any"/"required", "none", a tool name or a dict.
+
+        ``strict`` is taken as ChatOpenAI takes it (each tool's ``function.strict``). Here a forced
+        call (``tool_choice`` naming a tool, or "any"/"required") is constrained to its tool's schema
+        whatever ``strict`` says: its arguments are written key by key where the schema allows, and
+        checked against it (a miss is sampled again, never returned as the call). A call the model
+        makes by itself under "auto" is read from its text, not constrained: one that does not parse
+        comes back in ``invalid_tool_calls``.
+        """
+        formatted = [convert_to_openai_tool(t, strict=strict) for t in tools]
         return self.bind(tools=formatted, tool_choice=tool_choice, **kwargs)
 
     def with_structured_output(self, schema: dict | type | None = None, *,
                                method: Literal["json_schema", "function_calling", "json_mode"] = "json_schema",
                                include_raw: bool = False, strict: bool | None = None,
                                **kwargs: Any) -> Runnable[LanguageModelInput, dict | BaseModel]:
-        """Answers parsed into ``schema``; ``json_schema`` writes the JSON skeleton into the canvas."""
-        is_model = _is_pydantic(schema)
-        ls_format = {"kwargs": {"method": method}, "schema": schema}
-        if method == "function_calling":
-            tool = convert_to_openai_tool(schema)
-            name = tool["function"]["name"]
-            llm = self.bind_tools([schema], tool_choice=name, ls_structured_output_format=ls_format, **kwargs)
-            parser = (PydanticToolsParser(tools=[schema], first_tool_only=True) if is_model
-                      else JsonOutputKeyToolsParser(key_name=name, first_tool_only=True))
-        else:
-            if method == "json_schema":
-                if schema is None:
-                    raise ValueError("method='json_schema' needs a schema.")
-                json_schema = convert_to_json_schema(schema)
-                fmt = {"type": "json_schema", "json_schema": {"name": json_schema.get("title", "output"),
-                                                               "schema": json_schema}}
-            else:
-                fmt = {"type": "json_object"}
-            llm = self.bind(response_format=fmt, ls_structured_output_format=ls_format, **kwargs)
-            parser = RunnableLambda(_read_parsed(schema if is_model else None))
-        if not include_raw:
-            return llm | parser
-        parsed = RunnablePassthrough.assign(parsed=itemgetter("raw") | parser, parsing_error=lambda _: None)
-        fallback = RunnablePassthrough.assign(parsed=lambda _: None)
-        return RunnableMap(raw=llm) | parsed.with_fallbacks([fallback], exception_key="parsing_error")
+        """Answers parsed into ``schema``; ``json_schema`` writes the JSON skeleton into the canvas.
+        An answer that misses the schema (or a pydantic class's own validators) raises
+        ``OutputParserException``; with ``include_raw=True`` it is ``parsing_error``, as ChatOpenAI
+        reports it."""
+        return structured_output(self, schema, method, include_raw, kwargs)
 
 
 def ai_message(result: chat.ChatResult, model: str) -> AIMessage:
@@ -266,36 +264,9 @@ def ai_message(result: chat.ChatResult, model: str) -> AIMessage:
         additional_kwargs=_parsed(result))
 
 
-def _is_pydantic(schema) -> bool:
-    """A pydantic v2 model, or a v1 one (``pydantic.v1``, which LangChain still accepts)."""
-    if not isinstance(schema, type):
-        return False
-    from pydantic.v1 import BaseModel as BaseModelV1
-
-    return issubclass(schema, (BaseModel, BaseModelV1))
-
-
 def _parsed(result: chat.ChatResult) -> dict:
     """A response_format reply's JSON as the engine checked it, where ChatOpenAI puts it."""
     return {} if result.parsed is None else {"parsed": result.parsed}
-
-
-def _read_parsed(model: type | None):
-    """The structured-output parser: the engine's own parse, already checked against the schema.
-
-    Re-reading the text with LangChain's lenient JSON parser turned a reply that missed the schema
-    into ``{}`` or an out-of-bounds object; a miss is an ``OutputParserException`` instead, which
-    ``include_raw=True`` reports as ``parsing_error`` with ``parsed=None``, as ChatOpenAI does.
-    """
-    def read(message: AIMessage):
-        parsed = message.additional_kwargs.get("parsed")
-        if parsed is None:
-            raise OutputParserException(f"The reply does not match the requested JSON schema: {message.content!r}",
-                                        llm_output=str(message.content))
-        if model is None:
-            return parsed
-        return model.model_validate(parsed) if issubclass(model, BaseModel) else model.parse_obj(parsed)
-    return read
 
 
 def _args(call: dict) -> dict:
@@ -308,6 +279,8 @@ def _usage(result: chat.ChatResult) -> UsageMetadata:
             "total_tokens": u["total_tokens"]}
 
 
-def _metadata(result: chat.ChatResult, model: str) -> dict:
+def _metadata(result: chat.ChatResult, model: str, streamed: bool = False) -> dict:
+    """``response_metadata`` as ChatOpenAI fills it (logprobs too, unless they went out with the chunks)."""
+    logprobs = {} if result.logprobs is None or streamed else {"logprobs": {"content": result.logprobs}}
     return {"model_name": model, "model_provider": "dlm", "finish_reason": result.finish_reason,
-            "num_forward_passes": result.num_forward_passes}
+            "num_forward_passes": result.num_forward_passes, **logprobs}

@@ -12,7 +12,9 @@ engines back (a later call loads again).
 Errors are LiteLLM's own exceptions, as its built-in providers raise them: a refused request is a
 ``litellm.BadRequestError`` whose ``param`` names the field (an OpenAI field not served here, such
 as ``n=2`` or ``logprobs``, its ``UnsupportedParamsError``), so a Router does not retry it (nor fall
-back, with ``fallback_on_unsupported_params=False``) and the proxy answers 400; an unknown model
+back, with ``fallback_on_unsupported_params=False``) and the proxy answers 400, unless LiteLLM was
+told to drop them (``litellm.drop_params = True`` or ``drop_params=True`` on the call), which drops
+them as for a built-in provider; an unknown model
 path is ``litellm.NotFoundError``, a prompt over the window ``litellm.ContextWindowExceededError``,
 and a request past its ``timeout`` is aborted and raises ``litellm.Timeout``. ``litellm.token_counter``
 counts with the model's tokenizer given ``custom_tokenizer=tokenizer("dlm/...")`` (LiteLLM adds
@@ -62,11 +64,18 @@ CALL_ARGS = ("tools", "tool_choice", "response_format", "stream", "stream_option
              "max_retries", "metadata")
 
 
-def _request(handles: Handles, model: str, messages: list, optional_params: dict) -> chat.Plan:
-    """The call planned (async callers run this off the loop: a first call loads the weights)."""
+def _request(handles: Handles, model: str, messages: list, optional_params: dict, drop: bool = False) -> chat.Plan:
+    """The call planned (async callers run this off the loop: a first call loads the weights).
+    ``drop`` (LiteLLM's ``drop_params``) drops the OpenAI fields this provider does not serve, as
+    LiteLLM drops them for its built-in providers; without it they are refused by name."""
     params = dict(optional_params)
     params.update(params.pop("extra_body", None) or {})
+    if drop:
+        params = {k: v for k, v in params.items() if k not in chat.UNSUPPORTED}
     chat.refuse_unsupported(params)
+    logprobs = chat.logprobs_knob(params.pop("logprobs", None), params.pop("top_logprobs", None))
+    if logprobs is not None:
+        params["top_logprobs"] = logprobs         # the knob's name here (LiteLLM owns "logprobs")
     call = {k: params.pop(k) for k in (*CALL_ARGS, *chat.UNSUPPORTED) if k in params}
     quantization = params.pop("quantization", None)       # the engine's, not the request's: never a knob
     try:
@@ -76,6 +85,12 @@ def _request(handles: Handles, model: str, messages: list, optional_params: dict
     llm = handles.get(model_path(model), quantization=quantization)
     sampling = chat.request_params(llm, params, taken=FRAMEWORK_TAKEN, where="litellm.completion")
     return chat.Plan(llm, chat.ChatRequest.from_call(messages, sampling, call))
+
+
+def _drop_params(kwargs: dict) -> bool:
+    """Whether LiteLLM was asked to drop unsupported parameters: ``litellm.drop_params``, or
+    ``drop_params=True`` on the call (LiteLLM hands it over in ``litellm_params``)."""
+    return bool(litellm.drop_params or (kwargs.get("litellm_params") or {}).get("drop_params"))
 
 
 def _deadline(timeout) -> chat.Deadline:
@@ -121,7 +136,8 @@ def _errors(model: str):
 def _fill(model_response: ModelResponse, result: chat.ChatResult, model: str) -> ModelResponse:
     message = Message(content=result.content or None if result.tool_calls else result.content,
                       tool_calls=result.tool_calls or None, role="assistant")
-    model_response.choices = [Choices(message=message, finish_reason=result.finish_reason, index=0)]
+    logprobs = None if result.logprobs is None else {"content": result.logprobs}     # as OpenAI's choices carry them
+    model_response.choices = [Choices(message=message, finish_reason=result.finish_reason, index=0, logprobs=logprobs)]
     model_response.model = model
     model_response.created = int(time.time())
     model_response.usage = Usage(**result.usage)
@@ -158,7 +174,7 @@ class DLMProvider(CustomLLM):
                    api_key=None, logging_obj=None, optional_params: dict | None = None, **kwargs: Any) -> ModelResponse:
         deadline = _deadline(kwargs.get("timeout"))
         with _errors(model):
-            plan = _request(self.handles, model, messages, optional_params or {})
+            plan = _request(self.handles, model, messages, optional_params or {}, _drop_params(kwargs))
             result = chat.complete(plan.llm, plan.request, plan, timeout=deadline)
         return _fill(model_response or ModelResponse(), result, model)
 
@@ -168,7 +184,8 @@ class DLMProvider(CustomLLM):
                           **kwargs: Any) -> ModelResponse:
         deadline = _deadline(kwargs.get("timeout"))
         with _errors(model):
-            plan = await off_loop(deadline, _request, self.handles, model, messages, optional_params or {})
+            plan = await off_loop(deadline, _request, self.handles, model, messages,
+                                    optional_params or {}, _drop_params(kwargs))
             result = await chat.acomplete(plan.llm, plan.request, plan, timeout=deadline)
         return _fill(model_response or ModelResponse(), result, model)
 
@@ -177,7 +194,7 @@ class DLMProvider(CustomLLM):
                   logging_obj=None, optional_params: dict | None = None, **kwargs: Any) -> Iterator[GenericStreamingChunk]:
         deadline = _deadline(kwargs.get("timeout"))
         with _errors(model):
-            plan = _request(self.handles, model, messages, optional_params or {})
+            plan = _request(self.handles, model, messages, optional_params or {}, _drop_params(kwargs))
             for delta in chat.stream(plan.llm, plan.request, plan, timeout=deadline):
                 yield _chunk(delta)
 
@@ -187,7 +204,8 @@ class DLMProvider(CustomLLM):
                          **kwargs: Any) -> AsyncIterator[GenericStreamingChunk]:
         deadline = _deadline(kwargs.get("timeout"))
         with _errors(model):
-            plan = await off_loop(deadline, _request, self.handles, model, messages, optional_params or {})
+            plan = await off_loop(deadline, _request, self.handles, model, messages,
+                                    optional_params or {}, _drop_params(kwargs))
             async for delta in chat.astream(plan.llm, plan.request, plan, timeout=deadline):
                 yield _chunk(delta)
 

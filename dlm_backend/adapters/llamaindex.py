@@ -23,9 +23,10 @@ from llama_index.core.llms.function_calling import FunctionCallingLLM
 from llama_index.core.llms.llm import ToolSelection
 
 from dlm_backend import chat
-from dlm_backend.adapters.common import (KNOB_FIELDS, QUANTIZATION_DOC, Handles, check_knob_values, constructor_args,
-                                         display_name, knob_fields, model_tokenizer, off_loop)
-from dlm_backend.adapters.llamaindex_stream import Accumulator, overflow, partial_kwargs
+from dlm_backend.adapters.common import (KNOB_FIELDS, LOGPROBS_DOC, QUANTIZATION_DOC, Handles, check_knob_values,
+                                         constructor_args, display_name, knob_fields, logprobs_layer, model_tokenizer,
+                                         off_loop, refuse_unserved)
+from dlm_backend.adapters.llamaindex_stream import Accumulator, llama_logprobs, overflow, partial_kwargs
 from dlm_backend.engine.checkpoint.folder import context_length, default_model
 from dlm_backend.engine.params import DEFAULTS, FRAMEWORK_TAKEN
 from dlm_backend.engine.quant.methods import check_quantization
@@ -57,6 +58,7 @@ class DLM(create_model("_DLMKnobs", __base__=FunctionCallingLLM, **knob_fields(F
     quantization: str | None = Field(default=None, description=QUANTIZATION_DOC)
     additional_kwargs: dict[str, Any] = Field(default_factory=dict, description="more knobs, by name")
     timeout: float | None = Field(default=None, description="seconds a call may take, its first load included")
+    logprobs: bool | None = Field(default=None, description=LOGPROBS_DOC)
     _context_window: int | None = PrivateAttr(default=None)
     _handles: Handles = PrivateAttr(default_factory=Handles)
 
@@ -74,6 +76,7 @@ class DLM(create_model("_DLMKnobs", __base__=FunctionCallingLLM, **knob_fields(F
         check_knob_values({name: getattr(self, name) for name in KNOB_FIELDS}, "DLM")
         check_knob_values(self.additional_kwargs, "DLM additional_kwargs")
         check_quantization(self.quantization)           # at construction, like a knob, not at the first call
+        logprobs_layer({"logprobs": self.logprobs, "top_logprobs": self.top_logprobs}, {})   # OpenAI's pairing
         return self
 
     @property
@@ -111,9 +114,11 @@ class DLM(create_model("_DLMKnobs", __base__=FunctionCallingLLM, **knob_fields(F
     def _request(self, messages: Sequence[ChatMessage], kwargs: dict) -> chat.Plan:
         # The first call loads the weights and planning tokenizes: async calls run this off the loop.
         call = {k: kwargs.pop(k) for k in CALL_ARGS if k in kwargs}
+        logprobs = logprobs_layer({"logprobs": self.logprobs, "top_logprobs": self.top_logprobs}, kwargs)
+        refuse_unserved(kwargs)
         fields = {name: getattr(self, name) for name in KNOB_FIELDS}
         llm = self._llm
-        params = chat.request_params(llm, fields, self.additional_kwargs, kwargs, taken=FRAMEWORK_TAKEN,
+        params = chat.request_params(llm, fields, self.additional_kwargs, kwargs, logprobs, taken=FRAMEWORK_TAKEN,
                                      where="DLM call")
         request = chat.ChatRequest.from_call([to_openai(m) for m in messages], params, call)
         with self._explained():
@@ -262,7 +267,7 @@ def chat_response(result: chat.ChatResult) -> ChatResponse:
     message = ChatMessage(role=MessageRole.ASSISTANT, blocks=blocks or [TextBlock(text="")], additional_kwargs=extra)
     raw = {"usage": result.usage, "finish_reason": result.finish_reason,
            "num_forward_passes": result.num_forward_passes}
-    return ChatResponse(message=message, raw=raw)
+    return ChatResponse(message=message, raw=raw, logprobs=llama_logprobs(result.logprobs))
 
 
 def to_openai(message: ChatMessage) -> dict:

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from llama_index.core.base.llms.types import ChatMessage, ChatResponse, MessageRole
+from llama_index.core.base.llms.types import ChatMessage, ChatResponse, LogProb, MessageRole
 from llama_index.core.llms.utils import parse_partial_json
 
 from dlm_backend import chat
@@ -25,7 +25,7 @@ class Accumulator:
     def __call__(self, delta: chat.ChatDelta) -> ChatResponse | None:
         if delta.result is not None:
             final = self.respond(delta.result)
-            return ChatResponse(message=final.message, delta="", raw=final.raw)
+            return ChatResponse(message=final.message, delta="", raw=final.raw, logprobs=final.logprobs)
         if delta.tool_call is not None:
             call = self.calls.setdefault(delta.index, {"id": delta.tool_call.get("id"), "type": "function",
                                                        "function": {"name": None, "arguments": ""}})
@@ -35,10 +35,23 @@ class Accumulator:
             message = ChatMessage(role=MessageRole.ASSISTANT, content=self.text,
                                   additional_kwargs={"tool_calls": [self.calls[i] for i in sorted(self.calls)]})
             return ChatResponse(message=message, delta="")
+        if delta.canvas and not delta.content:      # stream_canvas: the frames, nothing new to read
+            return ChatResponse(message=ChatMessage(role=MessageRole.ASSISTANT, content=self.text), delta="",
+                                additional_kwargs={"dlm_canvas": delta.canvas})
         if not delta.content:
             return None
         self.text += delta.content
-        return ChatResponse(message=ChatMessage(role=MessageRole.ASSISTANT, content=self.text), delta=delta.content)
+        return ChatResponse(message=ChatMessage(role=MessageRole.ASSISTANT, content=self.text), delta=delta.content,
+                            logprobs=llama_logprobs(delta.logprobs))
+
+
+def llama_logprobs(entries: list[dict] | None) -> list[list[LogProb]] | None:
+    """OpenAI logprob entries as LlamaIndex's ``ChatResponse.logprobs``: per token, its alternatives
+    as its OpenAI LLM gives them (``top_logprobs``; with none asked, the token itself)."""
+    if entries is None:
+        return None
+    return [[LogProb(token=t["token"], logprob=t["logprob"], bytes=t["bytes"]) for t in e["top_logprobs"] or [e]]
+            for e in entries]
 
 
 def overflow(exc: ContextLengthError, llm) -> ContextLengthError:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from dlm_backend.engine.outputs import GenerationOutput, usage_of
+from dlm_backend.engine.outputs import GenerationOutput
 from dlm_backend.engine.params import SamplingParams
 from dlm_backend.errors import DLMError
 
@@ -116,11 +116,25 @@ class ChatResult:
     invalid_tool_calls: list[dict] = field(default_factory=list)
     # Generations spent before ``output``: a tool_choice "any" name pass, JSON attempts that missed.
     earlier: list[GenerationOutput] = field(default_factory=list)
+    # OpenAI's usage, as the run that made the answer counts it (chat/generations.py): the prompt as sent,
+    # once however many generations read it, and every token the generations wrote, within the
+    # request's max_tokens. Unset, they are ``output``'s own counts.
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    #: with ``logprobs``: OpenAI ``logprobs.content`` entries of the answer's generation (chat/observed.py)
+    logprobs: list[dict] | None = None
+
+    def __post_init__(self):
+        if self.prompt_tokens is None:
+            self.prompt_tokens = self.output.num_prompt_tokens
+        if self.completion_tokens is None:
+            self.completion_tokens = self.output.num_generated_tokens
 
     @property
     def usage(self) -> dict:
-        """Tokens of every generation the answer took (as billed: each attempt reads the prompt)."""
-        return usage_of([*self.earlier, self.output])
+        """OpenAI's ``usage`` of the answer: ``prompt_tokens``, ``completion_tokens`` and their total."""
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+                "total_tokens": self.prompt_tokens + self.completion_tokens}
 
     @property
     def num_forward_passes(self) -> int:
@@ -138,3 +152,7 @@ class ChatDelta:
     tool_call: dict | None = None
     index: int = 0
     result: ChatResult | None = None
+    #: with ``stream_canvas``: the canvas frames (chat/observed.py ``canvas_frame``) since the last event
+    canvas: list[dict] = field(default_factory=list)
+    #: with ``logprobs``: OpenAI ``logprobs.content`` entries of the tokens written since the last event
+    logprobs: list[dict] | None = None

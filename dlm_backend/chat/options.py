@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dlm_backend.engine.params import SamplingParams, knob_values
+from dlm_backend.engine.params import MAX_TOP_LOGPROBS, SamplingParams, knob_values
 from dlm_backend.errors import DLMError
 
 
@@ -22,14 +22,10 @@ def request_params(llm, *layers: dict, taken: tuple[str, ...] = (), where: str =
 
 
 #: OpenAI request fields a diffusion engine does not serve: field -> (values that ask for nothing, why).
-#: A diffusion model commits tokens out of order, so it has no left-to-right per-token
-#: log-probabilities; ``n`` > 1 is n requests (the engine batches them).
+#: ``n`` > 1 is n requests (the engine batches them).
 UNSUPPORTED: dict[str, tuple[tuple, str]] = {
     "n": ((None, 1), "one choice per request here; send the requests separately (they run batched)"),
     "best_of": ((None, 1), "one choice per request here; send the requests separately"),
-    "logprobs": ((None, False), "a diffusion model does not decode left to right, so it has no per-token "
-                                "log-probabilities to return"),
-    "top_logprobs": ((None, 0), "a diffusion model has no per-token log-probabilities to return"),
     "echo": ((None, False), "the prompt is not returned; prepend it yourself"),
     "suffix": ((None, ""), "insertion after a suffix is not served; put the text in the prompt"),
     "presence_penalty": ((None, 0), "repetition penalties are not applied by diffusion samplers"),
@@ -42,6 +38,31 @@ UNSUPPORTED: dict[str, tuple[tuple, str]] = {
     "modalities": ((None, ["text"]), "this model reads and writes text only"),
     "prediction": ((None,), "predicted outputs are not served"),
 }
+
+
+def logprobs_knob(logprobs, top_logprobs, legacy: bool = False) -> int | None:
+    """OpenAI's ``logprobs`` / ``top_logprobs`` as the engine's ``logprobs`` knob (alternatives per
+    token; None: none asked). Chat: ``logprobs`` true, with 0 to 20 ``top_logprobs``; the legacy
+    completions API: ``logprobs`` an integer 0 to 5. Each token's log-probability is the one at the
+    diffusion pass that committed it (docs/sampling.md)."""
+    if legacy:
+        if logprobs is None:
+            return None
+        if isinstance(logprobs, bool) or not isinstance(logprobs, int) or not 0 <= logprobs <= 5:
+            raise DLMError(f"logprobs must be an integer from 0 to 5 here, got {logprobs!r:.40}.", param="logprobs")
+        return logprobs
+    if top_logprobs is not None and (isinstance(top_logprobs, bool) or not isinstance(top_logprobs, int)
+                                     or not 0 <= top_logprobs <= MAX_TOP_LOGPROBS):
+        raise DLMError(f"top_logprobs must be an integer from 0 to {MAX_TOP_LOGPROBS}, got {top_logprobs!r:.40}.",
+                       param="top_logprobs")
+    if logprobs is not None and not isinstance(logprobs, bool):
+        raise DLMError(f"logprobs must be true or false, got {logprobs!r:.40}; top_logprobs says how many "
+                       "alternatives.", param="logprobs")
+    if not logprobs:
+        if top_logprobs:
+            raise DLMError("top_logprobs needs logprobs=true.", param="top_logprobs")
+        return None
+    return top_logprobs or 0
 
 
 def refuse_unsupported(fields: dict) -> None:

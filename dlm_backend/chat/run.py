@@ -1,6 +1,6 @@
 """Running a chat request: to the end (complete) or as events (stream), for sync and async callers.
 
-What to run is decided by the plan (:meth:`Plan.generations`). :func:`_driver` is the one driver of
+What to run is decided by the plan's run (:class:`Generations`). :func:`_driver` is the one driver of
 a run, for every caller: a generator that yields the work each step needs, :class:`_Work` for the
 CPU (the plan's next step) or :class:`_Generate` for the engine, receives its result, and yields the
 events a stream sends. :func:`_stepped` steps it with the engine's blocking calls and
@@ -17,8 +17,10 @@ from contextlib import aclosing, closing
 from dataclasses import dataclass
 from typing import AsyncIterator, Callable, Iterator
 
+from dlm_backend.chat.generations import Generations
 from dlm_backend.chat.messages import ChatDelta, ChatRequest, ChatResult
-from dlm_backend.chat.plan import Call, Generation, Generations, Json, Plan
+from dlm_backend.chat.observed import Observed, finished
+from dlm_backend.chat.plan import Call, Generation, Json, Plan
 from dlm_backend.chat.tool_calls import CLOSE, OPEN
 from dlm_backend.errors import RequestTimeoutError
 
@@ -123,7 +125,7 @@ def _driver(plan: Plan, stream: bool, deadline: Deadline):
     """One run of ``plan``: yields :class:`_Work` and :class:`_Generate` (each answered with its
     result) and, streaming, the events to send; a run to the end yields only the last event, which
     carries the result."""
-    run = plan.generations(stream)
+    run = Generations(plan, stream)
     out, split, shown = None, None, _Shown(run)
     while (step := (yield _Work(run.next, out))) is not None:
         if step.streamed:
@@ -148,15 +150,16 @@ def _stepped(llm, plan: Plan, driver) -> Iterator[ChatDelta]:
             return
         reply = None
         if isinstance(op, ChatDelta):
-            yield op
+            yield finished(llm.tokenizer, op)
         elif isinstance(op, _Work):
             reply = op.call(op.arg)
         elif op.split is None:
             reply = llm.generate(prompt_token_ids=[plan.prompt_ids], **op.engine_args)[0]
         else:
             with closing(llm.stream(prompt_token_ids=plan.prompt_ids, **op.engine_args)) as chunks:
+                seen = Observed(llm.tokenizer)
                 for chunk in chunks:
-                    yield from op.split.feed(chunk.delta_text)
+                    yield from seen.events(chunk, op.split.feed(chunk.delta_text))
                     reply = chunk.output
 
 
@@ -170,7 +173,7 @@ async def _astepped(llm, plan: Plan, driver) -> AsyncIterator[ChatDelta]:
             return
         reply = None
         if isinstance(op, ChatDelta):
-            yield op
+            yield finished(llm.tokenizer, op)
         elif isinstance(op, _Work):
             reply = await asyncio.to_thread(op.call, op.arg)
         elif op.split is None:
@@ -178,8 +181,9 @@ async def _astepped(llm, plan: Plan, driver) -> AsyncIterator[ChatDelta]:
         else:
             # closed early (client gone): the engine stream closes and its request is aborted
             async with aclosing(llm.astream(prompt_token_ids=plan.prompt_ids, **op.engine_args)) as chunks:
+                seen = Observed(llm.tokenizer)
                 async for chunk in chunks:
-                    for event in op.split.feed(chunk.delta_text):
+                    for event in seen.events(chunk, op.split.feed(chunk.delta_text)):
                         yield event
                     reply = chunk.output
 

@@ -67,15 +67,8 @@ class GenerationOutput:
     @property
     def usage(self) -> dict:
         """OpenAI's ``usage`` of this generation."""
-        return usage_of([self])
-
-
-def usage_of(outputs: list[GenerationOutput]) -> dict:
-    """OpenAI's ``usage`` of the generations that made one answer, summed: each read its prompt, so
-    each is billed for it (a name pass, a value pass, a JSON attempt that missed)."""
-    prompt = sum(o.num_prompt_tokens for o in outputs)
-    completion = sum(o.num_generated_tokens for o in outputs)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+        prompt, completion = self.num_prompt_tokens, self.num_generated_tokens
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
 @dataclass

@@ -4,7 +4,7 @@ import pytest
 
 pytest.importorskip("langchain_core", reason="install the [langchain] extra")
 
-from pydantic import BaseModel  # noqa: E402
+from pydantic import BaseModel, field_validator  # noqa: E402
 from pydantic.v1 import BaseModel as BaseModelV1  # noqa: E402
 
 from dlm_backend.adapters.langchain import ChatDLM, ai_message  # noqa: E402
@@ -145,3 +145,62 @@ def test_a_named_model_keeps_the_name_it_was_given(dream_chat):
     model = ChatDLM(model=str(dream_chat), max_tokens=4, block_length=4)
     assert model._get_ls_params()["ls_model_name"] == str(dream_chat)
     assert model.invoke("hi").response_metadata["model_name"] == str(dream_chat)
+
+
+@pytest.fixture
+def scripted_bob(tmp_path, dream_chat):
+    """Models that always answer with Bob: as JSON, and as a call to the tool ``Alice``."""
+    from tests import scripted_model
+    from tests.scripted_model import write_scripted_checkpoint
+
+    from dlm_backend.plugins import load_plugins
+
+    pm = load_plugins()
+    pm.register(scripted_model, name="scripted-model")
+    call = '<tool_call>\n{"name": "Alice", "arguments": {"name": "Bob"}}\n</tool_call>'
+    try:
+        yield {kind: str(write_scripted_checkpoint(tmp_path / kind, dream_chat, text, "<|im_start|>assistant\n"))
+               for kind, text in (("json", '{"name": "Bob"}'), ("call", call))}
+    finally:
+        pm.unregister(name="scripted-model")
+
+
+class Alice(BaseModel):
+    """A schema whose check goes past JSON schema: only Alice validates."""
+    name: str
+
+    @field_validator("name")
+    @classmethod
+    def _only_alice(cls, name: str) -> str:
+        if name != "Alice":
+            raise ValueError("not Alice")
+        return name
+
+
+@pytest.mark.parametrize("method", ["json_mode", "json_schema", "function_calling"])
+def test_structured_output_that_does_not_validate_is_an_output_parser_exception(scripted_bob, method):
+    """json_mode parsed the reply's JSON and raised pydantic's ValidationError where ChatOpenAI raises
+    OutputParserException; with include_raw=True the miss is ``parsing_error``, as ChatOpenAI's is."""
+    from langchain_core.exceptions import OutputParserException
+
+    folder = scripted_bob["call" if method == "function_calling" else "json"]
+    model = ChatDLM(model=folder, max_tokens=96, kv_cache="none", sampler="llada")
+    with pytest.raises(OutputParserException, match="not Alice"):
+        model.with_structured_output(Alice, method=method).invoke("Who?")
+    out = model.with_structured_output(Alice, method=method, include_raw=True).invoke("Who?")
+    assert out["parsed"] is None and isinstance(out["parsing_error"], OutputParserException)
+    assert "Bob" in str(out["raw"].content) + str(out["raw"].tool_calls)
+
+
+def test_bind_tools_takes_strict_and_logprobs_false_passes(dream_chat):
+    """ChatOpenAI's bind_tools(strict=True) was refused ("Unknown ChatDLM call field 'strict'"), and
+    logprobs=False (asking for none) too, which the server and LiteLLM accept."""
+    from dlm_backend.errors import DLMError
+
+    model = ChatDLM(model=str(dream_chat), max_tokens=96, block_length=32, logprobs=False)
+    reply = model.bind_tools([get_weather], tool_choice="get_weather", strict=True).invoke("Weather in Paris?")
+    assert [c["name"] for c in reply.tool_calls] == ["get_weather"]
+    assert model.invoke("hi", logprobs=False, max_tokens=8).content is not None
+    assert model.invoke("hi", logprobs=None, max_tokens=8).content is not None
+    with pytest.raises(DLMError, match="n=2 is not supported"):       # and a field asking for more is named
+        model.invoke("hi", n=2, max_tokens=8)

@@ -85,18 +85,34 @@ def test_aliases_name_the_embedded_model_and_the_default():
 
 @pytest.mark.parametrize("extra,param,match", [
     ({"n": 3}, "n", "n=3 is not supported: one choice per request"),
-    ({"logprobs": True}, "logprobs", "logprobs=True is not supported"),
-    ({"top_logprobs": 2, "logprobs": False}, "top_logprobs", "top_logprobs=2 is not supported"),
+    ({"echo": True}, "echo", "echo=True is not supported"),
     ({"functions": [{"name": "f", "parameters": {"type": "object"}}]}, "functions", "pass tools"),
 ])
 def test_fields_the_backend_does_not_serve_are_errors_not_dropped(dream_chat, extra, param, match):
-    """They reached the handler and were dropped: n=3 gave one choice, logprobs=True none, with no
-    word. Refused, they are LiteLLM's UnsupportedParamsError (a BadRequestError), as for a built-in
+    """They reached the handler and were dropped: n=3 gave one choice, with no word. Refused, they are LiteLLM's UnsupportedParamsError (a BadRequestError), as for a built-in
     provider that lacks the parameter: an APIConnectionError before, which a Router retried."""
     with pytest.raises(litellm.UnsupportedParamsError, match=match) as err:
         litellm.completion(model=f"dlm/{dream_chat}", messages=[{"role": "user", "content": "hi"}], max_tokens=8,
                            **extra)
     assert err.value.status_code == 400 and err.value.param == param and err.value.llm_provider == "dlm"
+
+
+@pytest.mark.parametrize("how", ["call", "global"])
+def test_drop_params_drops_what_the_backend_does_not_serve(dream_chat, how, monkeypatch):
+    """``drop_params`` (on the call, or ``litellm.drop_params``) drops unsupported OpenAI parameters
+    as LiteLLM does for its built-in providers; they were refused all the same. A misspelled knob is
+    not an OpenAI parameter: it is still refused."""
+    extra = {"drop_params": True} if how == "call" else {}
+    if how == "global":
+        monkeypatch.setattr(litellm, "drop_params", True)
+    for kwargs in ({"n": 3}, {"logit_bias": {"12": 5}, "best_of": 2}, {"presence_penalty": 0.5},
+                   {"stream": True, "n": 2}):
+        reply = litellm.completion(model=f"dlm/{dream_chat}", messages=HI, max_tokens=8, **extra, **kwargs)
+        text = "".join(c.choices[0].delta.content or "" for c in reply) if kwargs.get("stream") else \
+            reply.choices[0].message.content
+        assert isinstance(text, str)
+    with pytest.raises(litellm.BadRequestError, match="thresold"):
+        litellm.completion(model=f"dlm/{dream_chat}", messages=HI, max_tokens=8, thresold=0.9, **extra)
 
 
 HI = [{"role": "user", "content": "hi"}]

@@ -179,3 +179,13 @@ def test_every_knob_is_a_field(dream_chat):
     assert {n for n in KNOBS if n != "cache"} | {"kv_cache"} <= set(DLM.model_fields)
     llm = DLM(model=str(dream_chat), max_tokens=8, block_length=8, remasking="random", sampler="llada")
     assert isinstance(llm.complete("hi").text, str)
+
+
+def test_logprobs_false_is_accepted(dream_chat):
+    """logprobs=False asks for nothing: the server and LiteLLM took it, DLM refused it as unknown."""
+    from dlm_backend.errors import DLMError
+
+    llm = DLM(model=str(dream_chat), max_tokens=8, block_length=8, logprobs=False)
+    assert isinstance(llm.chat([ChatMessage(role="user", content="hi")], logprobs=False).message.content, str)
+    with pytest.raises(DLMError, match="n=2 is not supported"):       # a field asking for more is named
+        llm.chat([ChatMessage(role="user", content="hi")], n=2)

@@ -5,6 +5,7 @@ LangChain's default ``get_num_tokens_from_messages`` gave 13 for a prompt of 37 
 with GPT-2's tokenizer, no template); ``litellm.token_counter(model="dlm/...")`` used tiktoken.
 """
 
+import importlib.util
 import os
 
 import pytest
@@ -76,3 +77,50 @@ def test_litellm_counts_with_the_model(checkpoint):
     ours = len(model_tokenizer(checkpoint).encode(text))
     assert litellm.token_counter(model=model, custom_tokenizer=provider.tokenizer(model), text=text) == ours
     assert litellm.token_counter(model=model, text=text) != ours            # tiktoken, without the hook
+
+
+@pytest.mark.parametrize("tool_choice", ["get_weather", "required"])
+def test_forced_calls_report_the_prompt_once_at_every_door(dream_chat, tool_choice):
+    """A forced call takes several generations (a name pass, a pass a value); LangChain reported
+    input_tokens 1,788 for a counted prompt of 272 and LiteLLM 2,103 for its own count of 266, since
+    each generation's prompt was summed. Usage is the prompt as counted, once, and at most
+    max_tokens completion tokens, at every door."""
+    pytest.importorskip("langchain_core")
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    litellm = pytest.importorskip("litellm")
+    from langchain_core.messages import HumanMessage
+
+    import dlm_backend.adapters.litellm as provider
+    from dlm_backend.adapters.langchain import ChatDLM
+
+    messages = [{"role": "user", "content": "Weather in Oslo?"}]
+    model = ChatDLM(model=str(dream_chat), max_tokens=96)
+    counted = model.get_num_tokens_from_messages([HumanMessage(messages[0]["content"])], tools=[WEATHER])
+    usage = model.bind_tools([WEATHER], tool_choice=tool_choice).invoke(messages[0]["content"]).usage_metadata
+    assert usage["input_tokens"] == counted and 0 < usage["output_tokens"] <= 96
+    model.close()
+    reply = litellm.completion(model=f"dlm/{dream_chat}", messages=messages, tools=[WEATHER],
+                               tool_choice=tool_choice, max_tokens=96)
+    assert reply.usage.prompt_tokens == provider.token_counter(f"dlm/{dream_chat}", messages, [WEATHER]) == counted
+    assert 0 < reply.usage.completion_tokens <= 96
+    if importlib.util.find_spec("llama_index") is not None:
+        from llama_index.core.base.llms.types import ChatMessage
+
+        from dlm_backend.adapters.llamaindex import DLM
+
+        llm = DLM(model=str(dream_chat), max_tokens=96)
+        usage = llm.chat([ChatMessage(role="user", content=messages[0]["content"])], tools=[WEATHER],
+                         tool_choice=tool_choice).raw["usage"]
+        assert usage["prompt_tokens"] == counted and 0 < usage["completion_tokens"] <= 96
+        llm.close()
+    if importlib.util.find_spec("fastapi") is not None:
+        import httpx
+        from tests.helpers import serve_in_thread
+
+        from dlm_backend.server import create_app
+
+        with serve_in_thread(create_app(str(dream_chat), served_name="tiny")) as url:
+            usage = httpx.post(url + "/v1/chat/completions", timeout=120, json={
+                "model": "tiny", "messages": messages, "tools": [WEATHER], "tool_choice": tool_choice,
+                "max_tokens": 96}).json()["usage"]
+        assert usage["prompt_tokens"] == counted and 0 < usage["completion_tokens"] <= 96

@@ -120,7 +120,23 @@ def test_an_answer_with_no_room_for_its_values_still_parses_and_bills_nothing_tw
                                        SamplingParams(sampler="llada", max_tokens=tight, cache="none"),
                                        response_format=fmt))
     assert result.finish_reason == "length" and json.loads(result.content) == {"text": ""}
-    assert result.parsed is None and result.usage["completion_tokens"] == 0     # three attempts, no pass run
+    # one attempt: the answer took the budget, so none is left for another; it is billed once, within it
+    assert result.parsed is None and result.earlier == [] and result.usage["completion_tokens"] <= tight
+
+
+def test_an_answer_that_misses_is_sampled_again_while_max_tokens_holds_another(tmp_path, dream_chat):
+    """The attempts of generate-and-validate share the request's max_tokens: each is billed its
+    answer, and one runs only while what is left holds an answer as long as the one that missed."""
+    llm = scripted_llm(tmp_path, dream_chat, "dream", {"text": "ab"})       # always misses minLength 3
+    fmt = {"type": "json_schema", "json_schema": {"name": "t", "schema": {
+        "type": "object", "properties": {"text": {"type": "string", "minLength": 3}}}}}
+    answer = len(llm.tokenizer.encode('{"text": "ab"}'))
+    for room, attempts in ((3 * answer + 1, 3), (2 * answer + 1, 2), (answer, 1)):
+        result = complete(llm, ChatRequest([{"role": "user", "content": "x"}],
+                                           SamplingParams(sampler="llada", max_tokens=room, cache="none"),
+                                           response_format=fmt))
+        assert result.parsed is None and json.loads(result.content) == {"text": "ab"}
+        assert len(result.earlier) == attempts - 1 and result.usage["completion_tokens"] == attempts * answer
 
 
 @pytest.mark.parametrize("family", ["dream", "llada"])

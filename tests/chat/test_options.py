@@ -36,7 +36,7 @@ def test_a_misspelled_knob_names_the_nearest_and_where_it_was_given():
         request_params(llm, {"cache": "prefix"}, taken=("cache",))             # the framework owns 'cache'
 
 
-@pytest.mark.parametrize("fields", [{"n": 1}, {"n": None}, {"logprobs": False}, {"presence_penalty": 0},
+@pytest.mark.parametrize("fields", [{"n": 1}, {"n": None}, {"echo": False}, {"presence_penalty": 0},
                                     {"modalities": ["text"]}, {"temperature": 0.3}])
 def test_neutral_values_of_unserved_fields_pass(fields):
     refuse_unsupported(fields)
@@ -45,7 +45,7 @@ def test_neutral_values_of_unserved_fields_pass(fields):
 @pytest.mark.parametrize("fields,param,says", [
     ({"n": 2}, "n", "send the requests separately"),
     ({"n": True}, "n", "n=True"),                       # True == 1, but it is not a count
-    ({"logprobs": 0}, "logprobs", "no per-token log-probabilities"),
+    ({"echo": True}, "echo", "prepend it yourself"),
     ({"logit_bias": {"5": 10}}, "logit_bias", "not applied"),
     ({"functions": [{"name": "f"}]}, "functions", "pass tools"),
 ])
@@ -54,3 +54,24 @@ def test_unserved_fields_are_refused_naming_the_field(fields, param, says):
         refuse_unsupported(fields)
     assert err.value.param == param and f"Drop {param}" in str(err.value)
     assert param in UNSUPPORTED
+
+
+@pytest.mark.parametrize("logprobs,top,legacy,want", [
+    (None, None, False, None), (False, None, False, None), (True, None, False, 0), (True, 5, False, 5),
+    (None, None, True, None), (0, None, True, 0), (3, None, True, 3)])
+def test_openai_logprobs_fields_become_the_engine_knob(logprobs, top, legacy, want):
+    from dlm_backend.chat import logprobs_knob
+
+    assert logprobs_knob(logprobs, top, legacy) == want
+
+
+@pytest.mark.parametrize("logprobs,top,legacy,says", [
+    (None, 2, False, "top_logprobs needs logprobs=true"), (False, 1, False, "top_logprobs needs"),
+    (True, 21, False, "from 0 to 20"), (True, True, False, "top_logprobs must be"), (2, None, False, "true or false"),
+    (6, None, True, "from 0 to 5"), (True, None, True, "from 0 to 5")])
+def test_openai_logprobs_fields_out_of_their_rules_are_named(logprobs, top, legacy, says):
+    from dlm_backend.chat import logprobs_knob
+
+    with pytest.raises(DLMError, match=says):
+        logprobs_knob(logprobs, top, legacy)
+

@@ -53,8 +53,10 @@ def test_forced_tool_call_that_cannot_fit_says_so(dream_chat):
         complete(llm, req)
 
 
-def test_json_that_misses_its_schema_is_sampled_again(dream_chat, monkeypatch):
-    """Generate-and-validate: the untrained model never writes a valid answer, so every attempt runs."""
+def test_json_that_misses_its_schema_is_sampled_again_only_within_max_tokens(dream_chat, monkeypatch):
+    """Generate-and-validate shares the request's one max_tokens: the untrained model's first attempt
+    runs to the budget, so no second one runs (three attempts billed 72 completion tokens and three
+    prompts for max_tokens=24)."""
     llm = LLM(str(dream_chat))
     seen = []
     generate = llm.generate
@@ -62,18 +64,42 @@ def test_json_that_misses_its_schema_is_sampled_again(dream_chat, monkeypatch):
     fmt = {"type": "json_schema", "json_schema": {"name": "l", "schema": STOPS_SCHEMA}}
     result = complete(llm, ChatRequest([{"role": "user", "content": "cities"}], SamplingParams(max_tokens=24),
                                        response_format=fmt))
-    assert result.parsed is None and result.content
-    assert [(p.temperature, p.seed) for p in seen] == [(0.0, None), (0.7, 1), (0.7, 2)]
-    outs = [result.output, *result.earlier]                  # usage and passes count every attempt
-    assert len(outs) == 3 and result.num_forward_passes == sum(o.num_forward_passes for o in outs)
-    assert result.usage["completion_tokens"] == sum(len(o.token_ids) for o in outs)
-    assert result.usage["prompt_tokens"] == 3 * len(result.output.prompt_token_ids)
+    assert result.parsed is None and result.content and result.finish_reason == "length"
+    assert [(p.temperature, p.seed) for p in seen] == [(0.0, None)] and result.earlier == []
+    assert result.usage["completion_tokens"] == 24
+    assert result.usage["prompt_tokens"] == len(result.output.prompt_token_ids)
     seen.clear()
     templated = {"type": "json_schema", "json_schema": {"name": "c", "schema": {
         "type": "object", "properties": {"city": {"type": "string"}}}}}
     assert complete(llm, ChatRequest([{"role": "user", "content": "city"}], SamplingParams(max_tokens=24),
                                      response_format=templated)).parsed is not None
     assert len(seen) == 1                                    # written key by key it always parses: one value, one pass
+
+
+@pytest.mark.parametrize("family", ["dlm-tiny", "llada2", "sdar"])
+def test_usage_counts_the_prompt_once_and_stays_within_max_tokens(family, tmp_path):
+    """Usage is OpenAI's: the prompt as sent, once, and every token written across the chat layer's
+    passes within one max_tokens. A forced call billed its prompt once per value pass (1,788 for a
+    counted 272 on LLaDA2), "required" twice more for its name pass, block models billed 186 of
+    max_tokens 160, and a forced call counted only its values' tokens, so "length" came at 28 of 96."""
+    from tests.helpers import make_block_chat_checkpoint
+
+    from dlm_backend.chat import count_prompt_tokens
+
+    llm = LLM(None if family == "dlm-tiny" else str(make_block_chat_checkpoint(tmp_path, family)))
+    for choice, max_tokens in (("get_weather", 96), ("required", 160), ("required", 80), (None, 24)):
+        request = ChatRequest(KYOTO, SamplingParams(max_tokens=max_tokens), tools=[WEATHER, TIME],
+                              tool_choice=choice, response_format=None if choice else WEATHER_SCHEMA)
+        for result in (complete(llm, request), [d.result for d in stream(llm, request) if d.result][0]):
+            usage = result.usage
+            assert usage["prompt_tokens"] == count_prompt_tokens(llm.tokenizer, KYOTO, [WEATHER, TIME])
+            assert 0 < usage["completion_tokens"] <= max_tokens, (choice, usage)
+            assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+            if result.tool_calls and choice:                  # a written call bills its whole text
+                assert usage["completion_tokens"] >= len(llm.tokenizer.encode(result.output.text))
+            # "length" means the budget ran out (a call cut by it came at 28 completion tokens of 96)
+            assert (result.finish_reason == "length") <= (usage["completion_tokens"] == max_tokens), usage
+    llm.close()
 
 
 def test_tools_with_a_schema_may_call_a_tool_first():
@@ -106,8 +132,9 @@ def test_a_written_answer_that_breaks_the_schema_is_not_returned_as_parsed(dream
     fmt = {"type": "json_schema", "json_schema": {"name": "p", "schema": schema}}
     result = complete(LLM(str(dream_chat)), ChatRequest([{"role": "user", "content": "A person."}],
                                                         SamplingParams(max_tokens=48), response_format=fmt))
-    # random weights cannot meet it: three attempts of two values, a pass a value
-    assert result.parsed is None and len(result.earlier) == 3 * 2 - 1
+    # random weights cannot meet it, and run the code to the budget: no room is left for a second attempt
+    assert result.parsed is None and len(result.earlier) == 1 and result.finish_reason == "length"
+    assert result.usage["completion_tokens"] <= 48
     assert not validates(schema, json.loads(result.content))       # and the content says why
 
 
@@ -120,7 +147,8 @@ def test_a_forced_call_that_is_generated_is_sampled_again_when_it_misses(dream_c
     result = complete(LLM(str(dream_chat)), ChatRequest([{"role": "user", "content": "Paris?"}],
                                                         SamplingParams(max_tokens=48), tools=[tool],
                                                         tool_choice="required"))
-    assert len(result.earlier) == 2 and result.tool_calls == []   # random weights: three misses, none passed off
+    # random weights: a miss that ran to the budget, not passed off, and no room for another attempt
+    assert result.earlier == [] and result.tool_calls == [] and result.usage["completion_tokens"] == 48
 
 
 def test_a_plan_runs_twice_to_the_same_answer(dream_chat):

@@ -84,7 +84,7 @@ def test_a_response_template_fixes_slots_across_blocks(sdar):
     assert out.num_forward_passes == 4
 
 
-@pytest.mark.parametrize("sampler", ["threshold", "factor", "entropy_bounded", "llada"])
+@pytest.mark.parametrize("sampler", ["threshold", "factor", "entropy_bounded"])
 @pytest.mark.parametrize("cache", ["none", "prefix"])
 def test_the_full_sequence_rules_decode_block_models_too(sdar, sampler, cache):
     params = SamplingParams(sampler=sampler, max_tokens=18, cache=cache, threshold=0.3, factor=2.0, gamma=1.0,
