@@ -1,9 +1,10 @@
-"""FastAPI app: /v1/models (and /v1/models/{id}), /v1/chat/completions, /v1/completions, /metrics, /health.
+"""FastAPI app: /v1/models (and /v1/models/{id}), /v1/chat/completions, /v1/completions, /v1/responses,
+/playground, /metrics, /health.
 
 Routes translate OpenAI requests into the shared chat core (:mod:`dlm_backend.chat`) and results
 back; they hold no engine logic. Bad input is an OpenAI-shaped 4xx saying what to fix, never a
-traceback (server/errors.py): 400 for invalid requests, 401 for a wrong API key, 404 for a model not
-served here, 413 for oversized bodies, 429 with Retry-After when the engine's queue is full, 500
+traceback (server/errors.py): 400 for invalid requests, 401 for a wrong API key, 404 for a model or a
+route not served here, 413 for oversized bodies, 429 with Retry-After when the engine's queue is full, 500
 when one request fails inside the engine (the others keep running). A client that disconnects frees
 its engine slot at the next step.
 """
@@ -25,12 +26,11 @@ from dlm_backend.server.errors import error_response, install_handlers
 from dlm_backend.server.metrics import CONTENT_TYPE, make_registry, metrics_text
 from dlm_backend.server.model import ServedModel
 from dlm_backend.server.protocol import ChatCompletionRequest, CompletionRequest
+from dlm_backend.server.playground import install_playground
+from dlm_backend.server.responses import install_responses
 from dlm_backend.server.security import APIKeyMiddleware, BodyLimitMiddleware, HostCheckMiddleware
 from dlm_backend.server.settings import ServerConfig
-from dlm_backend.server.stream import ClosingStreamingResponse, chat_events, completion_events
-
-DISCONNECT_POLL_S = 0.25
-
+from dlm_backend.server.stream import chat_events, completion_events, streamed, unless_disconnected
 
 def create_app(model: str | None = None, served_name: str | None = None, device: str | None = None,
                config: ServerConfig | None = None) -> FastAPI:
@@ -110,16 +110,19 @@ def create_app(model: str | None = None, served_name: str | None = None, device:
             base = {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "created": int(time.time()),
                     "model": body.model or names[0]}
             if body.stream:
-                usage = bool((body.stream_options or {}).get("include_usage"))
-                return _streamed(chat_events(served.llm(), plan, base, usage), slot)
-            result = await _unless_disconnected(http, chat.acomplete(served.llm(), plan.request, plan))
+                options = body.stream_options or {}
+                events = chat_events(served.llm(), plan, base, bool(options.get("include_usage")),
+                                     bool(options.get("include_canvas")))
+                return streamed(events, slot)
+            result = await unless_disconnected(http, chat.acomplete(served.llm(), plan.request, plan))
         if result is None:
             return Response(status_code=499)
         message = {"role": "assistant", "content": result.content if not result.tool_calls else (result.content or None)}
         if result.tool_calls:
             message["tool_calls"] = result.tool_calls
         return {**base, "object": "chat.completion",
-                "choices": [{"index": 0, "message": message, "finish_reason": result.finish_reason}],
+                "choices": [{"index": 0, "message": message, "finish_reason": result.finish_reason,
+                             "logprobs": None if result.logprobs is None else {"content": result.logprobs}}],
                 "usage": result.usage, "dlm": {"num_forward_passes": result.num_forward_passes}}
 
     @app.post("/v1/completions")
@@ -135,38 +138,20 @@ def create_app(model: str | None = None, served_name: str | None = None, device:
                     "model": body.model or names[0]}
             if body.stream:
                 usage = bool((body.stream_options or {}).get("include_usage"))
-                return _streamed(completion_events(served.llm(), ids, params, base, usage), slot)
-            outs = await _unless_disconnected(http, served.llm().agenerate(prompt_token_ids=[ids],
+                return streamed(completion_events(served.llm(), ids, params, base, usage), slot)
+            outs = await unless_disconnected(http, served.llm().agenerate(prompt_token_ids=[ids],
                                                                            sampling_params=params))
         if outs is None:
             return Response(status_code=499)
         out = outs[0]
+        logprobs = chat.completion_logprobs(served.llm().tokenizer, out.logprobs)
         return {**base, "object": "text_completion", "usage": out.usage,
-                "choices": [{"index": 0, "text": out.text, "finish_reason": out.finish_reason, "logprobs": None}]}
+                "choices": [{"index": 0, "text": out.text, "finish_reason": out.finish_reason, "logprobs": logprobs}]}
 
+    install_responses(app, served, knobs_of)      # POST /v1/responses on the same chat core
+    install_playground(app)                       # GET /playground: chat and watch each block denoise
     return app
-
-
-def _streamed(events, slot) -> ClosingStreamingResponse:
-    """The response for a stream that owns ``slot`` from here on (built first: a slot handed to a
-    response that was never made would never come back)."""
-    response = ClosingStreamingResponse(events, media_type="text/event-stream")
-    response.on_close = slot.hand_over()
-    return response
 
 
 class _NotServed(Exception):
     """A request for a model this server does not serve (404, OpenAI's model_not_found)."""
-
-
-async def _unless_disconnected(http: Request, work):
-    """Await ``work``; if the client goes away first, cancel it (freeing its engine slot) and return None."""
-    task = asyncio.ensure_future(work)
-    while True:
-        done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
-        if done:
-            return task.result()
-        if await http.is_disconnected():
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-            return None

@@ -8,6 +8,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from dlm_backend.chat.options import logprobs_knob
 from dlm_backend.engine.params import KNOB_NAMES, knob_values, unknown_field
 from dlm_backend.plugins import registered_knobs
 
@@ -28,10 +29,12 @@ class _Body(BaseModel):
     metadata: dict | None = None
     store: bool | None = None
     service_tier: str | None = None
-    # Declared so that asking for them is refused by name (chat.options.UNSUPPORTED), not misread.
-    n: int | None = None
+    # Read into the logprobs knob (chat.options.logprobs_knob): a bool with top_logprobs for chat,
+    # an integer for the legacy completions API.
     logprobs: bool | int | None = None
     top_logprobs: int | None = None
+    # Declared so that asking for them is refused by name (chat.options.UNSUPPORTED), not misread.
+    n: int | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     logit_bias: dict | None = None
@@ -51,7 +54,13 @@ class _Body(BaseModel):
                 raise unknown_field(name, sorted(declared | set(KNOB_NAMES) | set(plugin)), "body")
         own = {k: v for k, v in self.model_dump(exclude_none=True, exclude=set(extra)).items()
                if k not in self.PLAIN and k not in self.CALL_FIELDS}
-        return knob_values({**own, **extra})
+        knobs = knob_values({**own, **extra})
+        top = logprobs_knob(self.logprobs, self.top_logprobs, legacy=isinstance(self, CompletionRequest))
+        if top is not None:
+            knobs["logprobs"] = top
+        if self.stream and (self.stream_options or {}).get("include_canvas"):
+            knobs["stream_canvas"] = True           # each pass's canvas frame, streamed (server/stream.py)
+        return knobs
 
 
 class ChatCompletionRequest(_Body):

@@ -7,6 +7,8 @@ and never reaches the engine. Errors use the OpenAI error shape the routes use.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import secrets
 
@@ -16,6 +18,19 @@ from dlm_backend.server.errors import error_body
 
 OPEN_PATHS = frozenset({"/health"})
 METRICS_PATH = "/metrics"
+#: a browser opening this page is asked for the key (HTTP Basic, the key as the password) and sends
+#: it again with every request the page makes; API clients keep sending it as a bearer token
+BROWSER_PATHS = ("/playground",)
+
+
+def _basic_password(auth: bytes) -> bytes:
+    """The password of an ``Authorization: Basic`` header (any user name), or b"" if it is not one."""
+    if auth[:6].lower() != b"basic ":
+        return b""
+    try:
+        return base64.b64decode(auth[6:].strip(), validate=True).partition(b":")[2]
+    except (binascii.Error, ValueError):
+        return b""
 
 
 async def _send_error(send, status: int, message: str, headers: list | None = None) -> None:
@@ -27,7 +42,8 @@ async def _send_error(send, status: int, message: str, headers: list | None = No
 
 
 class APIKeyMiddleware:
-    """Require ``Authorization: Bearer <key>`` (or ``x-api-key``): the API key on every route but
+    """Require ``Authorization: Bearer <key>`` (or ``x-api-key``, or HTTP Basic with the key as the
+    password: what a browser sends on the playground page): the API key on every route but
     ``/health``, and on ``/metrics`` the metrics key when one is set (the API key does not open it
     then: its prefix cache counters tell whether a prompt prefix was sent before, so they are for the
     operator's scraper, not for clients). A route whose key is None is left to the Host check."""
@@ -49,11 +65,15 @@ class APIKeyMiddleware:
         auth = headers.get(b"authorization", b"")
         if auth[:7].lower() == b"bearer ":
             given = auth[7:].strip()
+        elif not metrics:
+            given = _basic_password(auth) or given
         if not secrets.compare_digest(given, key):
             which = "metrics key ($DLM_METRICS_KEY)" if metrics else "API key"
+            browser = scope["path"].startswith(BROWSER_PATHS)
+            challenge = b'Basic realm="dlm playground: the API key is the password"' if browser else b"Bearer"
             return await _send_error(send, 401, f"Missing or wrong {which}. Send 'Authorization: Bearer <key>' "
                                      "with the key the server was started with.",
-                                     [(b"www-authenticate", b"Bearer")])
+                                     [(b"www-authenticate", challenge)])
         return await self.app(scope, receive, send)
 
 

@@ -122,18 +122,42 @@ def test_requests_that_were_500s_are_400s_naming_the_field(client):
             client.completions.create(model="tiny", prompt="hi", max_tokens=8, seed=seed, stream=True)
 
 
-def test_null_n_and_stream_are_defaults_and_logprobs_are_refused(client):
+def test_null_n_and_stream_are_defaults_and_logprobs_come_as_openai_shapes_them(client):
     hi = [{"role": "user", "content": "hi"}]
     r = client.chat.completions.create(model="tiny", messages=hi, max_tokens=8, extra_body={"n": None, "stream": None})
     assert r.object == "chat.completion"
     r = client.chat.completions.create(model="tiny", messages=hi, max_tokens=8, logprobs=False)
     assert r.choices[0].logprobs is None
-    with pytest.raises(openai.BadRequestError, match="logprobs=True is not supported"):
-        client.chat.completions.create(model="tiny", messages=hi, max_tokens=8, logprobs=True)
-    with pytest.raises(openai.BadRequestError, match="top_logprobs=2 is not supported"):
+    r = client.chat.completions.create(model="tiny", messages=hi, max_tokens=8, logprobs=True, top_logprobs=2,
+                                       extra_body={"ignore_eos": True})
+    content = r.choices[0].logprobs.content
+    assert len(content) == r.usage.completion_tokens == 8 and all(len(t.top_logprobs) == 2 for t in content)
+    assert "".join(t.token for t in content).startswith(r.choices[0].message.content.strip()[:1])
+    assert all(t.logprob <= 0 and t.top_logprobs[0].logprob >= t.logprob - 1e-6 for t in content)
+    with pytest.raises(openai.BadRequestError, match="top_logprobs needs logprobs=true"):
         client.chat.completions.create(model="tiny", messages=hi, max_tokens=8, top_logprobs=2)
+    with pytest.raises(openai.BadRequestError, match="from 0 to 20"):
+        client.chat.completions.create(model="tiny", messages=hi, max_tokens=8, logprobs=True, top_logprobs=21)
+    t = client.completions.create(model="tiny", prompt="hi", max_tokens=6, logprobs=3, extra_body={"ignore_eos": True})
+    lp = t.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == 6 and all(len(d) <= 3 for d in lp.top_logprobs)
+    assert lp.text_offset == [sum(len(x) for x in lp.tokens[:i]) for i in range(6)]
     with pytest.raises(openai.BadRequestError, match="echo=True is not supported"):
         client.completions.create(model="tiny", prompt="hi", max_tokens=8, echo=True)
+
+
+def test_streamed_logprobs_and_canvas_frames_only_when_asked(client):
+    hi = [{"role": "user", "content": "hi"}]
+    chunks = list(client.chat.completions.create(model="tiny", messages=hi, max_tokens=12, stream=True,
+                                                 logprobs=True, extra_body={"ignore_eos": True},
+                                                 stream_options={"include_usage": True, "include_canvas": True}))
+    frames = [c.model_extra["dlm_canvas"] for c in chunks if (c.model_extra or {}).get("dlm_canvas")]
+    assert frames and [f["pass"] for f in frames] == list(range(1, len(frames) + 1))
+    assert all(not c.choices for c in chunks if (c.model_extra or {}).get("dlm_canvas"))   # a choice-less chunk
+    tokens = [t for c in chunks if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.content]
+    assert len(tokens) == chunks[-1].usage.completion_tokens == 12
+    plain = list(client.chat.completions.create(model="tiny", messages=hi, max_tokens=12, stream=True))
+    assert not any((c.model_extra or {}).get("dlm_canvas") or (c.choices and c.choices[0].logprobs) for c in plain)
 
 
 def test_model_retrieve_token_id_prompts_and_completion_usage_chunk(client, dream_chat):
@@ -197,7 +221,7 @@ def test_unknown_misspelled_and_unserved_fields_are_400s_naming_the_field(client
 
 
 @pytest.mark.parametrize("kwargs,param", [
-    ({"max_tokens": 0}, "max_tokens"), ({"n": 2}, "n"), ({"logprobs": True}, "logprobs"), ({"top_p": 2}, "top_p"),
+    ({"max_tokens": 0}, "max_tokens"), ({"n": 2}, "n"), ({"top_logprobs": 3}, "top_logprobs"), ({"top_p": 2}, "top_p"),
     ({"messages": []}, "messages"), ({"max_tokens": 10**6}, "max_tokens"), ({"temperature": 5}, "temperature"),
 ])
 def test_refusals_are_openais_error_shape(client, kwargs, param):
@@ -258,3 +282,25 @@ def test_a_request_checks_and_layers_its_knobs_once(server, monkeypatch):
         calls.clear()
         r = httpx.post(server + path, json={**hi, **body}, timeout=60)
         assert r.status_code == 200 and sorted(calls) == ["knob_values", "layered"], (path, body, calls)
+
+
+def test_unknown_routes_answer_openais_404_naming_the_routes_served(server, client):
+    """An unknown route answered a bare "Not Found"; OpenAI routes not built here (embeddings, images,
+    audio, assistants) say what they are, and every 404 names the routes served."""
+    import httpx
+
+    for method, path, what in [("POST", "/v1/embeddings", "embeddings"),
+                               ("POST", "/v1/images/generations", "image generation"),
+                               ("POST", "/v1/audio/transcriptions", "audio"),
+                               ("GET", "/v1/assistants", "the Assistants API"), ("GET", "/v1/nope", "no such route")]:
+        r = httpx.request(method, server + path, json={"model": "tiny", "input": "hi"})
+        assert r.status_code == 404, path
+        error = r.json()["error"]
+        assert set(error) == {"message", "type", "param", "code"} and error["type"] == "invalid_request_error"
+        assert error["message"].startswith(f"Invalid URL ({method} {path}): {what}")
+        assert "POST /v1/chat/completions" in error["message"] and "GET /v1/models" in error["message"]
+        assert "/openapi.json" not in error["message"]
+    with pytest.raises(openai.NotFoundError, match="embeddings is not served"):
+        client.embeddings.create(model="tiny", input="hi")
+    r = httpx.get(server + "/v1/chat/completions")                # a served route, asked with another method
+    assert r.status_code == 405 and "takes POST" in r.json()["error"]["message"]

@@ -51,6 +51,12 @@ def test_api_key_on_every_route_but_health(guarded):
         assert httpx.request(method, guarded + path, json=body(), headers=auth("sk-wrong")).status_code == 401
     r = httpx.post(guarded + CHAT, json=body(), headers=auth(), timeout=60)
     assert r.status_code == 200 and r.json()["choices"][0]["message"]["role"] == "assistant"
+    # An unknown route is no way around the key: without it, a 401 that names no route
+    for path in ("/v1/embeddings", "/v1/nope", "/docs"):
+        r = httpx.post(guarded + path, json=body())
+        assert r.status_code == 401 and "/v1/" not in r.json()["error"]["message"], path
+    r = httpx.post(guarded + "/v1/embeddings", json=body(), headers=auth())
+    assert r.status_code == 404 and "embeddings is not served" in r.json()["error"]["message"]
     assert httpx.get(guarded + "/v1/models", headers={"x-api-key": KEY}).status_code == 200
 
 

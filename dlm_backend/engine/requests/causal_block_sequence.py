@@ -32,12 +32,13 @@ MODES = ("block", "ar", "spec")
 class CausalBlockSequence(Sequence):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.mode = getattr(self.sampler, "causal_mode", None)
+        # a rule that reads only the block's slots (threshold, factor, ...: no schedules) denoises blocks
+        self.mode = getattr(self.sampler, "causal_mode", "block" if self.sampler.schedules is None else None)
         if self.mode not in MODES:
             raise SamplingParamsError(
                 f"Sampler {self.params.sampler!r} does not decode with causal context; this model's samplers are "
-                "nemotron (block diffusion), nemotron_ar (autoregressive) and nemotron_spec (self-speculation).",
-                param="sampler")
+                "nemotron (block diffusion), nemotron_ar (autoregressive), nemotron_spec (self-speculation) and the "
+                "rules that read only a block's slots (threshold, factor, entropy_bounded).", param="sampler")
         L = self.block_length = 1 if self.mode == "ar" else self.params.block_length
         P = self.prompt_len
         self.output_limit = P + self.params.max_tokens

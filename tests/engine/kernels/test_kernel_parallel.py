@@ -1,7 +1,6 @@
 """The kernel path under tensor parallelism: LLaDA2's MoE through the fused kernel with another rank's
 experts skipped, and greedy decoding from the ranks' merged head statistics, give one device's tokens."""
 
-import json
 from pathlib import Path
 
 import pytest

@@ -185,6 +185,12 @@ def test_a_malformed_field_is_refused_by_name(field, value, match):
         NemotronLabsDiffusionModel.from_config({**read_config(FIXTURE), field: value})
 
 
+def test_a_rule_that_reads_only_the_block_denoises_its_blocks(llm):
+    out = llm.generate(prompt_token_ids=[[5, 6, 7, 8]], sampling_params=SamplingParams(
+        sampler="threshold", threshold=0.5, max_tokens=16, ignore_eos=True))[0]
+    assert len(out.token_ids) == 16 and out.num_cache_passes == 2             # the prefill and one block's keys
+
+
 def test_a_sampler_of_another_decoding_is_refused(llm):
     with pytest.raises(DLMError, match="nemotron_spec"):
         llm.generate(prompt_token_ids=[[5, 6, 7]], sampling_params=SamplingParams(sampler="llada", max_tokens=8))
