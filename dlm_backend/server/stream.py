@@ -115,11 +115,12 @@ async def completion_events(llm, ids, params, base: dict, include_usage: bool) -
         async with aclosing(llm.astream(prompt_token_ids=ids, sampling_params=params)) as chunks:
             offset = 0
             async for chunk in chunks:
-                for frame in chunk.canvas:
-                    yield sse({**base, "choices": [], "dlm_canvas": chat.canvas_frame(llm.tokenizer, frame)})
+                for frame in chunk.canvas:          # a token-id prompt may have no tokenizer: ids stand in
+                    yield sse({**base, "choices": [], "dlm_canvas": chat.canvas_frame(llm.engine.tokenizer, frame)})
                 finish = chunk.finish_reason if chunk.finished else None
                 if chunk.delta_text or finish:
-                    logprobs = chat.completion_logprobs(llm.tokenizer, chunk.delta_logprobs, offset)
+                    logprobs = None if chunk.delta_logprobs is None else \
+                        chat.completion_logprobs(llm.engine.tokenizer, chunk.delta_logprobs, offset)
                     offset += len(chunk.delta_text)
                     yield sse({**base, "choices": [{"index": 0, "text": chunk.delta_text, "finish_reason": finish,
                                                     "logprobs": logprobs}]})
