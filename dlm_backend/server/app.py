@@ -144,7 +144,8 @@ def create_app(model: str | None = None, served_name: str | None = None, device:
         if outs is None:
             return Response(status_code=499)
         out = outs[0]
-        logprobs = None if out.logprobs is None else chat.completion_logprobs(served.llm().engine.tokenizer, out.logprobs)
+        tokenizer = served.llm().engine.tokenizer           # None for a checkpoint without one: ids stand in
+        logprobs = None if out.logprobs is None else chat.completion_logprobs(tokenizer, out.logprobs)
         return {**base, "object": "text_completion", "usage": out.usage,
                 "choices": [{"index": 0, "text": out.text, "finish_reason": out.finish_reason, "logprobs": logprobs}]}
 
