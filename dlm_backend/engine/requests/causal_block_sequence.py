@@ -55,10 +55,6 @@ class CausalBlockSequence(Sequence):
         return min(self.block_start + self.block_length, self.length)
 
     @property
-    def masks_in_block(self) -> list[int]:
-        return [i for i in range(self.block_start, self.block_end) if self.canvas[i] == self.mask_id]
-
-    @property
     def kv_positions(self) -> int:
         return self.length
 

@@ -178,6 +178,17 @@ class Sequence(ABC):
         """Positions whose keys and values need pages (0: this request never pages)."""
         return 0
 
+    @property
+    def paged(self) -> bool:
+        """Whether its keys and values stay in pages between passes (``cache`` other than "none")."""
+        return self.params.cache != "none"
+
+    @property
+    def masks_in_block(self) -> list[int]:
+        """The masked positions of the current block ``[block_start, block_end)`` (a schedule that
+        decodes block by block defines both)."""
+        return [i for i in range(self.block_start, self.block_end) if self.canvas[i] == self.mask_id]
+
     def prefix_hashes(self, page_size: int) -> list[bytes]:
         """Hashes of the full prompt pages others may share (none unless block-causal)."""
         return []

@@ -56,14 +56,6 @@ class WeDLMSequence(Sequence):
         return min(self.block_start + self.block_length, self.output_limit)
 
     @property
-    def masks_in_block(self) -> list[int]:
-        return [i for i in range(self.block_start, self.block_end) if self.canvas[i] == self.mask_id]
-
-    @property
-    def paged(self) -> bool:
-        return self.params.cache != "none"
-
-    @property
     def kv_positions(self) -> int:
         return self.length if self.paged else 0
 
