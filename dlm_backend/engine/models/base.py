@@ -181,3 +181,22 @@ class DiffusionLM(nn.Module, metaclass=ABCMeta):
         if logits.shape[1] == self.args.vocab_size:
             return greedy_from_logits(logits, exclude_id)
         return vocab_parallel_stats(self.tp, logits, self.args.vocab_size, exclude_id)
+
+
+class DecoderStackLM(DiffusionLM):
+    """A family whose checkpoint keeps a Llama-style stack under ``model.``: ``embed_tokens``,
+    ``layers`` (each ``(x, residual, cos, sin) -> (x, residual)``, the residual adds inside its
+    norms), ``norm``, and an ``lm_head`` unless the embeddings are tied. Its forward and head are
+    these whatever the layers hold (Dream, SDAR, LLaDA-MoE, WeDLM)."""
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        cos, sin = self.rotary.lookup(positions)                        # [T, 1, rotary_dim]
+        x, residual = self.model.embed_tokens(input_ids), None          # [T, D]
+        for layer in self.model.layers:
+            x, residual = layer(x, residual, cos, sin)
+        return residual + x
+
+    def head(self) -> tuple[RMSNorm, torch.Tensor]:
+        w = self.model.embed_tokens.weight if self.args.tie_word_embeddings else self.lm_head.weight
+        return self.model.norm, w
+

@@ -29,7 +29,7 @@ from dlm_backend.engine.layers import RMSNorm, attention, rotate_qk
 from dlm_backend.engine.layers.mlp import GatedMLP
 from dlm_backend.engine.layers.parallel import ColumnLinear, RowLinear, VocabEmbedding, VocabLinear, kv_linear
 from dlm_backend.engine.layers.routers import StackedExperts, softmax_topk, stacked_expert_name
-from dlm_backend.engine.models.base import DiffusionLM, ModelArgs
+from dlm_backend.engine.models.base import DecoderStackLM, ModelArgs
 from dlm_backend.engine.models.config_reader import MAX_HEADS, MAX_LAYERS, MAX_POSITIONS, MAX_VOCAB, ConfigReader
 from dlm_backend.errors import CheckpointError
 
@@ -153,7 +153,7 @@ class LLaDAMoEModel(nn.Module):
         self.norm = RMSNorm(args.hidden_size, args.norm_eps)
 
 
-class LLaDAMoEModelLM(DiffusionLM):
+class LLaDAMoEModelLM(DecoderStackLM):
     """LLaDA-MoE-7B-A1B Base and Instruct: 16 layers of 64 experts, top 8, every layer routed."""
 
     tensor_parallel = True                   # built from layers/parallel.py
@@ -231,13 +231,3 @@ class LLaDAMoEModelLM(DiffusionLM):
     def stacked_name(self, name: str) -> tuple[str, int] | None:
         return stacked_expert_name(name)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        cos, sin = self.rotary.lookup(positions)                        # [T, 1, rotary_dim]
-        x, residual = self.model.embed_tokens(input_ids), None          # [T, D]
-        for layer in self.model.layers:
-            x, residual = layer(x, residual, cos, sin)
-        return residual + x
-
-    def head(self) -> tuple[RMSNorm, torch.Tensor]:
-        w = self.model.embed_tokens.weight if self.args.tie_word_embeddings else self.lm_head.weight
-        return self.model.norm, w

@@ -18,7 +18,7 @@ from dlm_backend.engine.layers import RMSNorm, attention, rotate_qk
 from dlm_backend.engine.layers.mlp import GatedMLP
 from dlm_backend.engine.layers.parallel import ColumnLinear, RowLinear, VocabEmbedding, VocabLinear, kv_linear
 from dlm_backend.engine.layers.routers import StackedExperts, softmax_topk, stacked_expert_name
-from dlm_backend.engine.models.base import DiffusionLM, ModelArgs
+from dlm_backend.engine.models.base import DecoderStackLM, ModelArgs
 from dlm_backend.engine.models.config_reader import MAX_HEADS, MAX_LAYERS, MAX_POSITIONS, MAX_VOCAB, ConfigReader
 from dlm_backend.errors import CheckpointError
 
@@ -120,7 +120,7 @@ class SDARModel(nn.Module):
         self.norm = RMSNorm(args.hidden_size, args.norm_eps)
 
 
-class SDARForCausalLM(DiffusionLM):
+class SDARForCausalLM(DecoderStackLM):
     """SDAR / TraDo dense checkpoints (Qwen3 layers), block-causal with config.json's block_size."""
 
     tensor_parallel = True                   # built from layers/parallel.py
@@ -170,16 +170,6 @@ class SDARForCausalLM(DiffusionLM):
     def from_config(cls, c: dict) -> "SDARForCausalLM":
         return cls(cls.args_from_config(c), ConfigReader(c).bool("attention_bias"))
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        cos, sin = self.rotary.lookup(positions)                        # [T, 1, hd]
-        x, residual = self.model.embed_tokens(input_ids), None          # [T, D]
-        for layer in self.model.layers:
-            x, residual = layer(x, residual, cos, sin)
-        return residual + x
-
-    def head(self) -> tuple[RMSNorm, torch.Tensor]:
-        w = self.model.embed_tokens.weight if self.args.tie_word_embeddings else self.lm_head.weight
-        return self.model.norm, w
 
 
 class SDARMoeForCausalLM(SDARForCausalLM):

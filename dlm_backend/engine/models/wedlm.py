@@ -18,7 +18,7 @@ from torch import nn
 from dlm_backend.engine.layers import RMSNorm, attention, rotate_qk
 from dlm_backend.engine.layers.mlp import GatedMLP
 from dlm_backend.engine.layers.parallel import ColumnLinear, RowLinear, VocabEmbedding, VocabLinear, kv_linear
-from dlm_backend.engine.models.base import DiffusionLM, ModelArgs
+from dlm_backend.engine.models.base import DecoderStackLM, ModelArgs
 from dlm_backend.engine.models.config_reader import MAX_HEADS, MAX_LAYERS, MAX_POSITIONS, MAX_VOCAB, ConfigReader
 from dlm_backend.errors import CheckpointError
 
@@ -78,7 +78,7 @@ class WeDLMModel(nn.Module):
         self.norm = RMSNorm(args.hidden_size, args.norm_eps)
 
 
-class WeDLMForCausalLM(DiffusionLM):
+class WeDLMForCausalLM(DecoderStackLM):
     """WeDLM-7B / 8B (Base and Instruct): causal layers decoded by topological reordering."""
 
     tensor_parallel = True                   # built from layers/parallel.py
@@ -145,13 +145,3 @@ class WeDLMForCausalLM(DiffusionLM):
         # The reference's defaults: attention_bias True (Qwen2.5), qk_norm False.
         return cls(cls.args_from_config(c), r.bool("attention_bias", default=True), r.bool("qk_norm"))
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        cos, sin = self.rotary.lookup(positions)                        # [T, 1, hd]
-        x, residual = self.model.embed_tokens(input_ids), None          # [T, D]
-        for layer in self.model.layers:
-            x, residual = layer(x, residual, cos, sin)
-        return residual + x
-
-    def head(self) -> tuple[RMSNorm, torch.Tensor]:
-        w = self.model.embed_tokens.weight if self.args.tie_word_embeddings else self.lm_head.weight
-        return self.model.norm, w
